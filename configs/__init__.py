@@ -1,0 +1,1 @@
+"""Training configs shipped with Tri-Accel Search (YAML files)."""

@@ -1,0 +1,1 @@
+"""Triton kernels, each beside a plain-torch reference (importable as triaccel.kernels)."""

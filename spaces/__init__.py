@@ -1,0 +1,1 @@
+"""Search spaces shipped with Tri-Accel Search (YAML files)."""

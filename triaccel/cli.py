@@ -1,0 +1,99 @@
+"""``triaccel`` command line: a thin shell over the Trainer and the search service.
+
+Bad input (missing file, bad YAML, unknown key, model or dataset, missing data) exits with
+status 2 and one line ``triaccel: error: ...``; never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from triaccel.errors import TriAccelError
+
+
+def cmd_train(args) -> int:
+    from triaccel.config import load_config
+    from triaccel.trainer import Trainer
+
+    cfg = load_config(args.config, args.set)
+    callbacks = []
+    logger = None
+    if cfg.tracking.enabled:
+        from triaccel.tracking import MLflowLogger
+
+        logger = MLflowLogger(cfg)
+        callbacks.append(logger)
+    if cfg.mode == "triaccel":
+        from triaccel.control import TriAccelLoop
+
+        callbacks.insert(0, TriAccelLoop(cfg.triaccel))
+    trainer = Trainer(cfg, callbacks=callbacks)
+    try:
+        trainer.setup()
+        print(f"triaccel train: {cfg.model.name} on {cfg.data.name} ({len(trainer.train_data)} train / "
+              f"{len(trainer.val_data)} val / {len(trainer.test_data)} test), mode {cfg.mode}, "
+              f"device {trainer.device}", flush=True)
+        summary = trainer.fit()
+    except BaseException as e:
+        if logger is not None:
+            logger.finish("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED", reason=f"{type(e).__name__}: {e}")
+        raise
+    if logger is not None:
+        for cb in callbacks:
+            if hasattr(cb, "log_artifacts"):
+                cb.log_artifacts(logger.client, logger.run_id)
+        logger.finish()
+    line = (f"val acc {summary['val_acc']:.2f}%  epoch time (last 5) {summary['epoch_time_last5_s']:.3f}s  "
+            f"peak mem {summary['peak_mem_gib']:.3f} GiB ({summary['mem_source']})  "
+            f"efficiency {summary['efficiency']:.2f}")
+    if "test_acc" in summary:
+        line += f"  test acc {summary['test_acc']:.2f}%"
+    print(line)
+    if logger is not None:
+        from triaccel.tracking import tracking_uri
+
+        print(f"MLflow run {logger.run_id} in experiment '{cfg.tracking.experiment}' at "
+              f"{tracking_uri(cfg.tracking.tracking_uri)}  (browse: triaccel ui)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="triaccel", description="Tri-Accel training and threshold search")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train one run from a config YAML")
+    t.add_argument("--config", required=True, help="training config YAML (configs/*.yaml, or an exported one)")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set optim.lr=0.1 (repeatable)")
+    t.set_defaults(func=cmd_train)
+
+    try:
+        from triaccel.search import cli as search_cli
+    except ImportError:  # pragma: no cover - search extras missing
+        search_cli = None
+    if search_cli is not None:
+        search_cli.add_commands(sub)
+    try:
+        from triaccel import profile as profile_mod
+    except ImportError:  # pragma: no cover
+        profile_mod = None
+    if profile_mod is not None and hasattr(profile_mod, "add_command"):
+        profile_mod.add_command(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except TriAccelError as e:
+        print(f"triaccel: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("triaccel: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

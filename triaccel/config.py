@@ -1,0 +1,348 @@
+"""Typed training configuration, validated at the edge.
+
+YAML (or a dict) -> frozen-ish dataclasses. Unknown keys, wrong types and impossible values
+fail with a ``ConfigError`` that names the dotted key, e.g. ``optim.lr: must be > 0``.
+One generic converter (``from_dict``) walks the dataclass fields, so every section gets the
+same checks; each section's ``__post_init__`` adds the value checks that types cannot say.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union, get_args, get_origin
+
+import yaml
+
+from triaccel.errors import ConfigError
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key}: {msg}")
+
+
+# --------------------------------------------------------------------------- sections
+@dataclass
+class DataConfig:
+    name: str = "digits"  # digits | cifar10 | cifar100 | imagefolder
+    data_dir: Optional[str] = None  # root for cifar*/imagefolder (imagefolder: holds train/ and test/)
+    download: bool = False  # cifar*: let torchvision download when the files are missing
+    val_fraction: float = 0.1  # share of the training set held out, stratified, for validation
+    split_seed: int = 0  # the validation split's seed: fixed, so every trial is judged on the same images
+    image_size: Optional[int] = None  # resize images to this side (None: the dataset's own)
+    augment: bool = True  # pad-and-random-crop + horizontal flip (on the device)
+    crop_padding: int = 4  # pixels, for the random crop
+    device_resident: bool = True  # keep the whole uint8 dataset on the training device
+    cache_dir: Optional[str] = None  # decoded-image cache (default ~/.cache/triaccel)
+
+    def __post_init__(self):
+        _check(0.0 < self.val_fraction < 1.0, "data.val_fraction", f"must be in (0, 1), got {self.val_fraction}")
+        _check(self.image_size is None or self.image_size > 0, "data.image_size", "must be > 0")
+        _check(self.crop_padding >= 0, "data.crop_padding", "must be >= 0")
+
+
+@dataclass
+class ModelConfig:
+    name: str = "small_cnn"  # see triaccel.models.MODELS
+    resize: Optional[int] = None  # resize inputs inside the model (EfficientNet-B0 at 224 as in the paper)
+    width: int = 32  # small_cnn only: channels of the first conv
+
+    def __post_init__(self):
+        _check(self.resize is None or self.resize > 0, "model.resize", "must be > 0")
+        _check(self.width > 0, "model.width", "must be > 0")
+
+
+@dataclass
+class OptimConfig:
+    name: Literal["sgd", "adamw"] = "sgd"
+    lr: float = 0.05  # base lr eta_0, per `batch_size` examples
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 5e-4
+    betas: tuple = (0.9, 0.999)  # adamw
+    warmup_epochs: float = 5.0  # linear warm-up, then cosine decay to 0
+    clip_grad_norm: Optional[float] = None  # None: no clipping
+
+    def __post_init__(self):
+        _check(self.lr > 0, "optim.lr", f"must be > 0, got {self.lr}")
+        _check(0 <= self.momentum < 1, "optim.momentum", "must be in [0, 1)")
+        _check(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+        _check(self.warmup_epochs >= 0, "optim.warmup_epochs", "must be >= 0")
+        _check(self.clip_grad_norm is None or self.clip_grad_norm > 0, "optim.clip_grad_norm", "must be > 0")
+        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas", "two values in [0, 1)")
+        self.betas = tuple(float(b) for b in self.betas)
+
+
+@dataclass
+class PrecisionConfig:
+    """§3.1: per-layer FP16/BF16/FP32 from an EMA of gradient variance."""
+
+    enabled: bool = True
+    tau_low: float = 1e-7  # v < tau_low -> FP16
+    tau_high: float = 1e-4  # v >= tau_high -> FP32 (between: BF16)
+    beta: float = 0.9  # EMA smoothing of the per-layer gradient variance
+    hysteresis: float = 0.1  # relative band around each threshold a layer must cross to move
+    min_dwell: int = 2  # control windows a layer keeps a dtype before it may move again
+    overflow_promote: bool = True  # a GradScaler overflow promotes the FP16 layers with non-finite grads
+
+    def __post_init__(self):
+        _check(self.tau_low > 0, "triaccel.precision.tau_low", "must be > 0")
+        _check(self.tau_low < self.tau_high, "triaccel.precision.tau_high",
+               f"must be > tau_low ({self.tau_low}), got {self.tau_high}")
+        _check(0 <= self.beta < 1, "triaccel.precision.beta", "must be in [0, 1)")
+        _check(0 <= self.hysteresis < 1, "triaccel.precision.hysteresis", "must be in [0, 1)")
+        _check(self.min_dwell >= 0, "triaccel.precision.min_dwell", "must be >= 0")
+
+
+@dataclass
+class CurvatureConfig:
+    """§3.2: top-k per-layer Hessian eigenvalues, per-layer lr eta_l = eta_0 / (1 + alpha * lambda_max)."""
+
+    enabled: bool = True
+    method: Literal["power", "fisher"] = "power"  # power: HVP power iteration; fisher: diag-GGN proxy
+    alpha: float = 0.01
+    tau_curv: float = 100.0  # lambda_max above this promotes the layer's precision one level
+    top_k: int = 5  # paper: k = 5
+    every: int = 200  # T_curv, optimizer steps between refreshes (paper: 200)
+    batch: int = 32  # b_curv (paper: 32)
+    max_iters: int = 20  # power-iteration cap per eigenvalue
+    tol: float = 1e-3  # relative change of lambda that stops the iteration
+    ema: float = 0.5  # smoothing of lambda across refreshes
+
+    def __post_init__(self):
+        _check(self.alpha >= 0, "triaccel.curvature.alpha", "must be >= 0")
+        _check(self.tau_curv > 0, "triaccel.curvature.tau_curv", "must be > 0")
+        _check(self.top_k >= 1, "triaccel.curvature.top_k", "must be >= 1")
+        _check(self.every >= 1, "triaccel.curvature.every", "must be >= 1")
+        _check(self.batch >= 1, "triaccel.curvature.batch", "must be >= 1")
+        _check(self.max_iters >= 1, "triaccel.curvature.max_iters", "must be >= 1")
+        _check(self.tol > 0, "triaccel.curvature.tol", "must be > 0")
+        _check(0 <= self.ema < 1, "triaccel.curvature.ema", "must be in [0, 1)")
+
+
+@dataclass
+class BatchConfig:
+    """§3.3: memory-elastic batch between rho_low and rho_high of the budget."""
+
+    enabled: bool = True
+    mode: Literal["paper", "constant"] = "paper"  # paper: B changes, lr follows lr_rule; constant: only micro-batch
+    rho_low: float = 0.6
+    rho_high: float = 0.85
+    delta_up: int = 16
+    delta_down: int = 32
+    min_batch: int = 8
+    max_batch: int = 4096
+    budget_gb: Optional[float] = None  # MemMax in GiB; None -> budget_fraction of the device
+    budget_fraction: float = 0.9
+    lr_rule: Literal["linear", "sqrt", "none"] = "sqrt"  # paper mode: lr * (B/B0) or sqrt(B/B0)
+    cooldown: int = 1  # control windows to wait after a change
+
+    def __post_init__(self):
+        _check(0 < self.rho_low < 1, "triaccel.batch.rho_low", "must be in (0, 1)")
+        _check(self.rho_low < self.rho_high <= 1, "triaccel.batch.rho_high",
+               f"must be in (rho_low={self.rho_low}, 1], got {self.rho_high}")
+        _check(self.delta_up >= 1, "triaccel.batch.delta_up", "must be >= 1")
+        _check(self.delta_down >= 1, "triaccel.batch.delta_down", "must be >= 1")
+        _check(1 <= self.min_batch <= self.max_batch, "triaccel.batch.min_batch", "must be in [1, max_batch]")
+        _check(self.budget_gb is None or self.budget_gb > 0, "triaccel.batch.budget_gb", "must be > 0")
+        _check(0 < self.budget_fraction <= 1, "triaccel.batch.budget_fraction", "must be in (0, 1]")
+        _check(self.cooldown >= 0, "triaccel.batch.cooldown", "must be >= 0")
+
+
+@dataclass
+class TriAccelConfig:
+    control_every: int = 50  # T_ctrl, optimizer steps per control window
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    curvature: CurvatureConfig = field(default_factory=CurvatureConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    kernels: Literal["auto", "triton", "torch"] = "auto"  # auto: Triton on CUDA, torch references elsewhere
+
+    def __post_init__(self):
+        _check(self.control_every >= 1, "triaccel.control_every", "must be >= 1")
+
+
+@dataclass
+class TrackingConfig:
+    enabled: bool = True
+    tracking_uri: Optional[str] = None  # None: $MLFLOW_TRACKING_URI or sqlite:///mlruns/mlflow.db
+    experiment: str = "triaccel-train"
+    run_name: Optional[str] = None
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    mode: Literal["fp32", "amp", "triaccel"] = "fp32"
+    amp_dtype: Literal["bf16", "fp16"] = "bf16"  # amp mode (static); triaccel's default level
+    epochs: int = 10
+    batch_size: int = 96  # examples per optimizer update (initial, in triaccel paper mode)
+    accum_steps: int = 1  # micro-batches per update; the micro-batch is batch_size / accum_steps
+    checkpointing: bool = False  # activation checkpointing per block
+    eval_batch_size: int = 1024
+    evaluate_test: bool = True  # final test-set evaluation (never used for selection)
+    memory_limit_fraction: Optional[float] = None  # torch.cuda.set_per_process_memory_fraction
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    triaccel: TriAccelConfig = field(default_factory=TriAccelConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    provenance: Optional[dict] = None  # written by `triaccel export`; carried, never read for training
+
+    def __post_init__(self):
+        _check(self.epochs >= 1, "epochs", f"must be >= 1, got {self.epochs}")
+        _check(self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
+        _check(self.accum_steps >= 1, "accum_steps", f"must be >= 1, got {self.accum_steps}")
+        _check(self.accum_steps <= self.batch_size, "accum_steps", "must be <= batch_size")
+        _check(self.eval_batch_size >= 1, "eval_batch_size", "must be >= 1")
+        _check(self.memory_limit_fraction is None or 0 < self.memory_limit_fraction <= 1,
+               "memory_limit_fraction", "must be in (0, 1]")
+        _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
+               "device", f"must be auto, cpu or cuda[:N], got {self.device!r}")
+
+
+# --------------------------------------------------------------------------- conversion
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if origin is Union:
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if value is None:
+            _check(type(None) in get_args(tp), key, "must not be null")
+            return None
+        return _coerce(value, args[0], key)
+    if origin is Literal:
+        choices = get_args(tp)
+        _check(value in choices, key, f"must be one of {', '.join(map(str, choices))}; got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        _check(isinstance(value, dict), key, f"must be a mapping, got {type(value).__name__}")
+        return from_dict(tp, value, prefix=key + ".")
+    if tp is bool:
+        _check(isinstance(value, bool), key, f"must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        _check(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-7" as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        _check(isinstance(value, (int, float)) and not isinstance(value, bool), key, f"must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        _check(isinstance(value, str), key, f"must be a string, got {value!r}")
+        return value
+    if tp is tuple or origin is tuple:
+        _check(isinstance(value, (list, tuple)), key, f"must be a list, got {value!r}")
+        return tuple(value)
+    if tp is dict or origin is dict:
+        _check(isinstance(value, dict), key, f"must be a mapping, got {value!r}")
+        return value
+    raise ConfigError(f"{key}: unsupported type {_type_name(tp)}")
+
+
+def from_dict(cls, data: dict, prefix: str = ""):
+    """Build dataclass ``cls`` from ``data``; every failure names the dotted key."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: must be a mapping")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for k in data:
+        if k not in names:
+            raise ConfigError(f"{prefix}{k}: unknown key (valid: {', '.join(sorted(names))})")
+    kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as e:  # pragma: no cover - guarded by the checks above
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {e}") from None
+
+
+def to_dict(cfg) -> dict:
+    def conv(v):
+        if isinstance(v, tuple):
+            return list(v)
+        if isinstance(v, dict):
+            return {k: conv(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [conv(x) for x in v]
+        return v
+    return conv(dataclasses.asdict(cfg))
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def set_dotted(d: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    cur = d
+    for p in parts[:-1]:
+        nxt = cur.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"{dotted}: {p} is not a section")
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
+    out = []
+    for item in items or []:
+        if "=" not in item:
+            raise ConfigError(f"--set {item}: expected key=value")
+        k, v = item.split("=", 1)
+        try:
+            out.append((k.strip(), yaml.safe_load(v)))
+        except yaml.YAMLError:
+            raise ConfigError(f"--set {item}: value is not valid YAML") from None
+    return out
+
+
+def read_yaml(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: no such file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise ConfigError(f"{p}: not valid YAML{where}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: top level must be a mapping")
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                base: dict | None = None) -> TrainConfig:
+    """Load a TrainConfig from YAML plus ``key=value`` overrides; errors name file and key."""
+    data = dict(base or {})
+    if path is not None:
+        data = read_yaml(path)
+    for k, v in parse_overrides(overrides or []):
+        set_dotted(data, k, v)
+    try:
+        return from_dict(TrainConfig, data)
+    except ConfigError as e:
+        if path is not None:
+            raise ConfigError(f"{path}: {e}") from None
+        raise

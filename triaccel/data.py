@@ -1,0 +1,324 @@
+"""Datasets, the held-out validation split, the device-resident pipeline and the elastic sampler.
+
+Every dataset is brought to one shape: ``ImageSet(images uint8 [N,C,H,W], labels int64 [N])``.
+Datasets this small (CIFAR is 150 MB as uint8) live on the training device; augmentation
+(pad-and-random-crop, horizontal flip, normalisation) runs there too, so a step never waits
+on a host worker.
+
+Sources:
+- ``digits``: scikit-learn's handwritten digits (1,797 real 8x8 images that ship inside the
+  scikit-learn wheel): the offline default for CPU runs and tests.
+- ``cifar10`` / ``cifar100``: torchvision's on-disk format under ``data_dir``; downloaded by
+  torchvision only when ``download: true``.
+- ``imagefolder``: ``data_dir/train/<class>/*`` and ``data_dir/test/<class>/*``, any image size,
+  decoded once, resized, and cached on disk.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from triaccel.config import DataConfig
+from triaccel.errors import DataError
+
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
+
+
+@dataclass
+class ImageSet:
+    images: torch.Tensor  # uint8 [N, C, H, W]
+    labels: torch.Tensor  # int64 [N]
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def subset(self, idx: torch.Tensor) -> "ImageSet":
+        return ImageSet(self.images[idx], self.labels[idx])
+
+
+@dataclass
+class Splits:
+    train: ImageSet
+    val: ImageSet
+    test: ImageSet
+    classes: list
+    mean: tuple  # per channel, in [0, 1] units
+    std: tuple
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def in_channels(self) -> int:
+        return int(self.train.images.shape[1])
+
+    @property
+    def image_size(self) -> int:
+        return int(self.train.images.shape[-1])
+
+
+# --------------------------------------------------------------------------- splits
+def stratified_split(labels: torch.Tensor, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Deterministic stratified split: (keep_idx, held_idx); each class contributes round(fraction * n_c)."""
+    g = torch.Generator().manual_seed(seed)
+    keep, held = [], []
+    for c in torch.unique(labels).tolist():
+        idx = torch.nonzero(labels == c).flatten()
+        idx = idx[torch.randperm(len(idx), generator=g)]
+        n_held = int(round(fraction * len(idx)))
+        n_held = min(max(n_held, 1 if len(idx) > 1 else 0), len(idx) - 1) if len(idx) > 1 else 0
+        held.append(idx[:n_held])
+        keep.append(idx[n_held:])
+    keep_t, held_t = torch.cat(keep).sort().values, torch.cat(held).sort().values
+    return keep_t, held_t
+
+
+# --------------------------------------------------------------------------- sources
+def _digits() -> tuple[ImageSet, ImageSet, list]:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.from_numpy((d.images * (255.0 / 16.0)).round().astype(np.uint8)).unsqueeze(1)
+    y = torch.from_numpy(d.target.astype(np.int64))
+    # scikit-learn ships no test split: a fixed stratified 20 % (seed 0, independent of the run seed).
+    train_idx, test_idx = stratified_split(y, 0.2, seed=0)
+    full = ImageSet(x, y)
+    return full.subset(train_idx), full.subset(test_idx), [str(i) for i in range(10)]
+
+
+def _cifar(cfg: DataConfig, hundred: bool) -> tuple[ImageSet, ImageSet, list]:
+    import torchvision
+
+    name = "CIFAR-100" if hundred else "CIFAR-10"
+    if not cfg.data_dir:
+        raise DataError(f"data.data_dir: {name} needs a data_dir (the folder holding its files, or where to download them)")
+    root = Path(cfg.data_dir).expanduser()
+    cls = torchvision.datasets.CIFAR100 if hundred else torchvision.datasets.CIFAR10
+    out = []
+    for train in (True, False):
+        try:
+            ds = cls(root=str(root), train=train, download=cfg.download)
+        except RuntimeError as e:
+            hint = "" if cfg.download else " (set data.download: true to fetch it)"
+            raise DataError(f"{root}: no {name} files found{hint}: {e}") from None
+        except OSError as e:  # network failures during download
+            raise DataError(f"{root}: could not download {name}: {e}") from None
+        x = torch.from_numpy(np.ascontiguousarray(ds.data)).permute(0, 3, 1, 2).contiguous()
+        y = torch.tensor(ds.targets, dtype=torch.int64)
+        out.append(ImageSet(x, y))
+        classes = list(ds.classes)
+    return out[0], out[1], classes
+
+
+def _list_images(split_dir: Path, classes: list | None) -> tuple[list[Path], list[int], list]:
+    if not split_dir.is_dir():
+        raise DataError(f"{split_dir}: missing (an ImageFolder root needs train/ and test/)")
+    found = sorted(p.name for p in split_dir.iterdir() if p.is_dir())
+    if classes is None:
+        classes = found
+    if not classes:
+        raise DataError(f"{split_dir}: no class folders")
+    files, labels = [], []
+    for ci, c in enumerate(classes):
+        d = split_dir / c
+        if not d.is_dir():
+            continue
+        for p in sorted(d.iterdir()):
+            if p.suffix.lower() in IMG_EXTENSIONS:
+                files.append(p)
+                labels.append(ci)
+    if not files:
+        raise DataError(f"{split_dir}: no image files")
+    return files, labels, classes
+
+
+def _decode(path: Path, size: int) -> np.ndarray:
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            im = im.convert("RGB")
+            if im.size != (size, size):
+                im = im.resize((size, size), Image.BILINEAR)
+            return np.asarray(im, dtype=np.uint8)
+    except Exception as e:  # PIL raises many types for broken files
+        raise DataError(f"{path}: cannot read image ({type(e).__name__}: {e})") from None
+
+
+def _cache_key(files: list[Path], size: int) -> str:
+    h = hashlib.sha1(f"v1|{size}|{len(files)}".encode())
+    for p in files:
+        st = p.stat()
+        h.update(f"{p}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def _decode_folder(split_dir: Path, size: int, classes: list | None, cache_dir: Path) -> tuple[ImageSet, list]:
+    files, labels, classes = _list_images(split_dir, classes)
+    cache = cache_dir / f"imagefolder-{_cache_key(files, size)}.pt"
+    if cache.is_file():
+        blob = torch.load(cache, weights_only=True)
+        return ImageSet(blob["images"], blob["labels"]), classes
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as ex:
+        arrays = list(ex.map(lambda p: _decode(p, size), files))
+    x = torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
+    y = torch.tensor(labels, dtype=torch.int64)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(".tmp")
+    torch.save({"images": x, "labels": y}, tmp)
+    os.replace(tmp, cache)  # atomic: a crash mid-write never leaves a half cache
+    return ImageSet(x, y), classes
+
+
+def _imagefolder(cfg: DataConfig) -> tuple[ImageSet, ImageSet, list]:
+    if not cfg.data_dir:
+        raise DataError("data.data_dir: imagefolder needs a data_dir holding train/ and test/")
+    root = Path(cfg.data_dir).expanduser()
+    if not root.is_dir():
+        raise DataError(f"{root}: data_dir does not exist")
+    size = cfg.image_size or 32
+    cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else Path.home() / ".cache" / "triaccel"
+    train, classes = _decode_folder(root / "train", size, None, cache_dir)
+    test, _ = _decode_folder(root / "test", size, classes, cache_dir)
+    return train, test, classes
+
+
+DATASETS = {
+    "digits": lambda cfg: _digits(),
+    "cifar10": lambda cfg: _cifar(cfg, hundred=False),
+    "cifar100": lambda cfg: _cifar(cfg, hundred=True),
+    "imagefolder": _imagefolder,
+}
+
+
+def load_splits(cfg: DataConfig) -> Splits:
+    """Load a dataset and carve the stratified validation split from its training set."""
+    if cfg.name not in DATASETS:
+        raise DataError(f"data.name: unknown dataset {cfg.name!r} (valid: {', '.join(sorted(DATASETS))})")
+    train_full, test, classes = DATASETS[cfg.name](cfg)
+    if cfg.image_size and cfg.name != "imagefolder" and train_full.images.shape[-1] != cfg.image_size:
+        train_full = ImageSet(_resize_u8(train_full.images, cfg.image_size), train_full.labels)
+        test = ImageSet(_resize_u8(test.images, cfg.image_size), test.labels)
+    keep, held = stratified_split(train_full.labels, cfg.val_fraction, seed=cfg.split_seed)
+    train, val = train_full.subset(keep), train_full.subset(held)
+    xf = train.images.float().div_(255)
+    mean = tuple(xf.mean(dim=(0, 2, 3)).tolist())
+    std = tuple(xf.std(dim=(0, 2, 3)).clamp_min(1e-3).tolist())
+    return Splits(train, val, test, classes, mean, std)
+
+
+def _resize_u8(x: torch.Tensor, size: int) -> torch.Tensor:
+    y = F.interpolate(x.float(), size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+    return y.round_().clamp_(0, 255).to(torch.uint8)
+
+
+# --------------------------------------------------------------------------- device pipeline
+class ResidentData:
+    """A split held as uint8 on the device (or pinned host memory), batched by index.
+
+    ``batch(idx, train=True)`` gathers the examples, then on the device: zero-pad and random
+    crop, random horizontal flip, scale to [0, 1] and normalise. Random draws come from a
+    seeded device generator, so a run is reproducible.
+    """
+
+    def __init__(self, data: ImageSet, device: torch.device, mean, std, *, augment: bool,
+                 padding: int, resident: bool = True, seed: int = 0):
+        self.device = device
+        self.resident = resident or device.type == "cpu"
+        store = device if self.resident else torch.device("cpu")
+        self.x = data.images.to(store)
+        self.y = data.labels.to(store)
+        if not self.resident and device.type == "cuda":
+            self.x, self.y = self.x.pin_memory(), self.y.pin_memory()
+        c = self.x.shape[1]
+        self.mean = torch.tensor(mean, device=device).view(1, c, 1, 1)
+        self.inv_std = (1.0 / torch.tensor(std, device=device)).view(1, c, 1, 1)
+        self.augment = augment
+        self.padding = padding
+        self.gen = torch.Generator(device=device).manual_seed(seed)
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+    def batch(self, idx: torch.Tensor, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.resident:
+            idx = idx.to(self.x.device, non_blocking=True)
+            x, y = self.x[idx], self.y[idx]
+        else:
+            x = self.x[idx].to(self.device, non_blocking=True)
+            y = self.y[idx].to(self.device, non_blocking=True)
+        if train and self.augment:
+            x = random_crop_flip(x, self.padding, self.gen)
+        x = x.float().mul_(1.0 / 255).sub_(self.mean).mul_(self.inv_std)
+        return x, y
+
+
+def random_crop_flip(x: torch.Tensor, padding: int, gen: torch.Generator) -> torch.Tensor:
+    """Zero-pad by ``padding``, crop back to HxW at a random offset per image, flip half (uint8 in, uint8 out)."""
+    n, c, h, w = x.shape
+    if n == 0:
+        return x
+    if padding > 0:
+        xp = F.pad(x, (padding, padding, padding, padding))
+        oy = torch.randint(0, 2 * padding + 1, (n,), device=x.device, generator=gen)
+        ox = torch.randint(0, 2 * padding + 1, (n,), device=x.device, generator=gen)
+        rows = (oy[:, None] + torch.arange(h, device=x.device)[None, :])  # [n, h]
+        cols = (ox[:, None] + torch.arange(w, device=x.device)[None, :])  # [n, w]
+        b = torch.arange(n, device=x.device)[:, None, None]
+        x = xp.permute(0, 2, 3, 1)[b, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
+    flip = torch.rand(n, device=x.device, generator=gen) < 0.5
+    return torch.where(flip[:, None, None, None], x.flip(3), x).contiguous()
+
+
+# --------------------------------------------------------------------------- elastic sampler
+class ElasticSampler:
+    """An epoch's shuffled order, handed out in pieces of any size.
+
+    ``take(k)`` returns the next ``k`` indices (fewer at the end of the epoch). Whatever sizes
+    are asked for, within an epoch every example is handed out exactly once: the
+    memory-elastic controller may change the batch at any step without losing or repeating
+    a sample. The order is a pure function of (seed, epoch), so ``state_dict`` is two integers.
+    """
+
+    def __init__(self, n: int, seed: int, shuffle: bool = True):
+        if n <= 0:
+            raise DataError("the training split is empty")
+        self.n, self.seed, self.shuffle = n, seed, shuffle
+        self.epoch, self.pos = 0, 0
+        self._perm = self._order(0)
+
+    def _order(self, epoch: int) -> torch.Tensor:
+        if not self.shuffle:
+            return torch.arange(self.n)
+        g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+        return torch.randperm(self.n, generator=g)
+
+    def start_epoch(self, epoch: int) -> None:
+        self.epoch, self.pos = epoch, 0
+        self._perm = self._order(epoch)
+
+    @property
+    def remaining(self) -> int:
+        return self.n - self.pos
+
+    def take(self, k: int) -> torch.Tensor:
+        if k < 1:
+            raise ValueError(f"batch size must be >= 1, got {k}")
+        idx = self._perm[self.pos:self.pos + k]
+        self.pos += len(idx)
+        return idx
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.start_epoch(s["epoch"])
+        self.pos = s["pos"]

@@ -1,0 +1,13 @@
+"""Errors that the CLI turns into one clear line and a non-zero exit (never a traceback)."""
+
+
+class TriAccelError(Exception):
+    """Base class: a user-facing problem (bad input, missing data), not a bug."""
+
+
+class ConfigError(TriAccelError):
+    """A config or search-space value is wrong; the message names the key (and file)."""
+
+
+class DataError(TriAccelError):
+    """A dataset cannot be found or read; the message names the path or file."""

@@ -1,0 +1,24 @@
+"""The paper's efficiency score (§4.2) and the per-run summaries built on it."""
+from __future__ import annotations
+
+import statistics
+
+
+def efficiency_score(acc_pct: float, epoch_time_s: float, peak_vram_gb: float) -> float:
+    """Score = Acc(%) / (Time(s) x Memory) x 100, with Memory = peak VRAM in GB x 100.
+
+    The paper (§4.2) writes Memory as "Memory Usage (%)" but its Table 1 is reproduced only
+    when Memory is the tabulated peak VRAM in GB times 100: for ResNet-18 FP32,
+    77.0 / (21.0 x 35) x 100 = 10.48. ``epoch_time_s`` is the mean epoch wall time of the
+    last five epochs (``last5_mean``). Higher is better.
+    """
+    if epoch_time_s <= 0 or peak_vram_gb <= 0:
+        raise ValueError(f"epoch_time_s and peak_vram_gb must be > 0, got {epoch_time_s}, {peak_vram_gb}")
+    return acc_pct / (epoch_time_s * peak_vram_gb * 100.0) * 100.0
+
+
+def last5_mean(values: list[float]) -> float:
+    """Mean of the last five values (fewer if the run is shorter), as the paper averages epoch time."""
+    if not values:
+        raise ValueError("no values")
+    return statistics.fmean(values[-5:])

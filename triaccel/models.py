@@ -1,0 +1,149 @@
+"""Models by name: ResNet-18 (CIFAR stem), EfficientNet-B0 (torchvision), a small CNN for CPU runs.
+
+Each model exposes ``blocks()``: the modules that activation checkpointing wraps one by one.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from triaccel.errors import ConfigError
+
+
+class BasicBlock(nn.Module):
+    expansion = 1
+
+    def __init__(self, cin: int, cout: int, stride: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+class ResNet18Cifar(nn.Module):
+    """ResNet-18 with the CIFAR stem: a 3x3 stride-1 first conv and no max-pool (11.2 M parameters)."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 3):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        layers, cin = [], 64
+        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            layers.append(nn.Sequential(BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)))
+            cin = cout
+        self.layer1, self.layer2, self.layer3, self.layer4 = layers
+        self.fc = nn.Linear(512, num_classes)
+
+    def blocks(self) -> list[nn.Module]:
+        return [b for layer in (self.layer1, self.layer2, self.layer3, self.layer4) for b in layer]
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        x = F.adaptive_avg_pool2d(x, 1).flatten(1)
+        return self.fc(x)
+
+
+class SmallCNN(nn.Module):
+    """Three conv-BN-ReLU blocks and a linear head: trains on the digits set in seconds on a CPU."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1, width: int = 32):
+        super().__init__()
+        w = width
+        self.block1 = nn.Sequential(nn.Conv2d(in_channels, w, 3, padding=1, bias=False), nn.BatchNorm2d(w), nn.ReLU())
+        self.block2 = nn.Sequential(nn.Conv2d(w, 2 * w, 3, padding=1, bias=False), nn.BatchNorm2d(2 * w), nn.ReLU(),
+                                    nn.MaxPool2d(2))
+        self.block3 = nn.Sequential(nn.Conv2d(2 * w, 4 * w, 3, padding=1, bias=False), nn.BatchNorm2d(4 * w), nn.ReLU())
+        self.fc = nn.Linear(4 * w, num_classes)
+
+    def blocks(self) -> list[nn.Module]:
+        return [self.block1, self.block2, self.block3]
+
+    def forward(self, x):
+        x = self.block3(self.block2(self.block1(x)))
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+class MLP(nn.Module):
+    """Flatten -> Linear -> ReLU -> Linear, no BatchNorm: the model for exact-equivalence tests."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1, width: int = 32, image_size: int = 8):
+        super().__init__()
+        self.block1 = nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_size * image_size, width), nn.ReLU())
+        self.fc = nn.Linear(width, num_classes)
+
+    def blocks(self) -> list[nn.Module]:
+        return [self.block1]
+
+    def forward(self, x):
+        return self.fc(self.block1(x))
+
+
+class EfficientNetB0(nn.Module):
+    """torchvision's EfficientNet-B0 (random init, num_classes set); optional input resize (paper: 224)."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, resize: int | None = None):
+        super().__init__()
+        import torchvision
+
+        self.net = torchvision.models.efficientnet_b0(weights=None, num_classes=num_classes)
+        if in_channels != 3:
+            old = self.net.features[0][0]
+            self.net.features[0][0] = nn.Conv2d(in_channels, old.out_channels, old.kernel_size, old.stride,
+                                                old.padding, bias=False)
+        self.resize = resize
+
+    def blocks(self) -> list[nn.Module]:
+        return list(self.net.features)
+
+    def forward(self, x):
+        if self.resize and x.shape[-1] != self.resize:
+            x = F.interpolate(x, size=(self.resize, self.resize), mode="bilinear", align_corners=False)
+        return self.net(x)
+
+
+MODELS: dict[str, Callable[..., nn.Module]] = {
+    "resnet18": lambda nc, ic, sz, cfg: ResNet18Cifar(nc, ic),
+    "efficientnet_b0": lambda nc, ic, sz, cfg: EfficientNetB0(nc, ic, cfg.resize),
+    "small_cnn": lambda nc, ic, sz, cfg: SmallCNN(nc, ic, cfg.width),
+    "mlp": lambda nc, ic, sz, cfg: MLP(nc, ic, cfg.width, sz),
+}
+
+
+def build_model(cfg, num_classes: int, in_channels: int, image_size: int = 32) -> nn.Module:
+    if cfg.name not in MODELS:
+        raise ConfigError(f"model.name: unknown model {cfg.name!r} (valid: {', '.join(sorted(MODELS))})")
+    return MODELS[cfg.name](num_classes, in_channels, image_size, cfg)
+
+
+def enable_checkpointing(model: nn.Module) -> int:
+    """Recompute each of ``model.blocks()`` in backward instead of storing its activations.
+
+    The block's forward is wrapped in place (parameter names and state_dict keys unchanged).
+    BatchNorm running statistics are updated again by the recomputation (see the guide).
+    Returns the number of blocks wrapped.
+    """
+    blocks = model.blocks()
+    for b in blocks:
+        inner_forward = b.forward
+
+        def fwd(x, _f=inner_forward):
+            if torch.is_grad_enabled():
+                return checkpoint(_f, x, use_reentrant=False, preserve_rng_state=True)
+            return _f(x)
+
+        b.forward = fwd
+    return len(blocks)

@@ -1,0 +1,399 @@
+"""The Trainer: setup -> epoch -> step -> (control window) -> report, top to bottom.
+
+Modes:
+- ``fp32``: no autocast.
+- ``amp``: static mixed precision, one autocast region around forward + loss (bf16 or fp16),
+  a GradScaler when fp16.
+- ``triaccel``: per-layer autocast regions whose dtypes the Tri-Accel control loop (a
+  callback, ``triaccel.control.TriAccelLoop``) changes every control window; one GradScaler
+  used whenever any layer is fp16.
+
+The step follows the guide (seed 001): forward and loss under autocast; scaled backward
+outside it; unscale once; clip; step; update the scaler; the lr schedule advances only when
+the update was not skipped. Gradient accumulation is exact: the loss of every micro-batch is
+summed over its examples and divided by the real example count of the whole window (known
+before the window starts, short last window included), so the accumulated gradient is the
+window's mean gradient whatever the micro-batch sizes are.
+
+An out-of-memory step loses nothing: the window's gradients are cleared, the exception is
+left behind (recovery runs outside the ``except`` block, which holds frames and tensors), the
+cache is emptied, the micro-batch is halved and the same examples are run again.
+
+Callbacks (``Callback``) are the hook point: the Tri-Accel controllers, the MLflow logger
+and the Ray Tune reporter attach here and never copy the loop.
+"""
+from __future__ import annotations
+
+import gc
+import math
+import os
+import random
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from triaccel.config import TrainConfig
+from triaccel.data import ElasticSampler, ResidentData, load_splits
+from triaccel.errors import TriAccelError
+from triaccel.measure import GiB, MemoryMeter, sync
+from triaccel.metrics import efficiency_score, last5_mean
+from triaccel.models import build_model, enable_checkpointing
+from triaccel.precision import DTYPES, PrecisionRuntime, layer_modules
+from triaccel.schedule import WarmupCosine
+
+
+class Diverged(TriAccelError):
+    """The training loss became non-finite."""
+
+
+class OutOfMemoryBeyondRecovery(TriAccelError):
+    """Even a micro-batch of one example does not fit."""
+
+
+class Callback:
+    """Hook points. Each method receives the trainer; callbacks adjust its knobs
+    (``batch_size``, ``micro_batch``, ``lr_scales``, ``batch_lr_factor``, ``precision``)."""
+
+    def on_setup(self, trainer: "Trainer") -> None: ...
+    def on_grads_ready(self, trainer: "Trainer", n_examples: int) -> None: ...
+    def on_step_end(self, trainer: "Trainer", step: "StepInfo") -> None: ...
+    def on_oom(self, trainer: "Trainer", micro_batch: int) -> None: ...
+    def on_epoch_end(self, trainer: "Trainer", metrics: dict) -> None: ...
+    def on_fit_end(self, trainer: "Trainer", summary: dict) -> None: ...
+    def state_dict(self) -> dict: return {}
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+@dataclass
+class StepInfo:
+    step: int  # optimizer updates so far (this one included; skipped ones too)
+    n_examples: int
+    skipped: bool
+    scaler_used: bool
+
+
+@dataclass
+class History:
+    epochs: list = field(default_factory=list)  # one metrics dict per epoch
+
+
+def resolve_device(spec: str) -> torch.device:
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(spec)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise TriAccelError(f"device: {spec} requested but CUDA is not available")
+    return dev
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def param_groups(model: nn.Module, per_layer: bool) -> list[dict]:
+    """One group per Conv2d/Linear layer (per-layer lr) plus one for the rest, or one group."""
+    if not per_layer:
+        return [{"params": [p for p in model.parameters() if p.requires_grad], "name": "all"}]
+    groups, seen = [], set()
+    for name, mod in layer_modules(model):
+        ps = [p for p in mod.parameters(recurse=False) if p.requires_grad]
+        seen.update(id(p) for p in ps)
+        groups.append({"params": ps, "name": name})
+    rest = [p for p in model.parameters() if p.requires_grad and id(p) not in seen]
+    if rest:
+        groups.append({"params": rest, "name": "_other"})
+    return groups
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, callbacks: list[Callback] | None = None, log: Callable = print,
+                 oom_probe: Callable[[int], None] | None = None):
+        self.cfg = cfg
+        self.callbacks = list(callbacks or [])
+        self.log = log
+        # Called with each micro-batch size before its forward; may raise torch.OutOfMemoryError.
+        # Tests inject a memory budget through it; on a GPU real OOMs arrive the same way.
+        self.oom_probe = oom_probe
+        self.stop = False  # a callback (ASHA through Tune, say) may ask the loop to end
+
+    # ================================================================== setup
+    def setup(self) -> "Trainer":
+        cfg = self.cfg
+        seed_everything(cfg.seed)
+        self.device = resolve_device(cfg.device)
+        if self.device.type == "cuda":
+            torch.backends.cudnn.benchmark = True
+            if cfg.memory_limit_fraction:
+                torch.cuda.set_per_process_memory_fraction(cfg.memory_limit_fraction, self.device)
+
+        # ---- data: held-out validation split; test touched only by the final evaluation
+        self.splits = load_splits(cfg.data)
+        sp, dc = self.splits, cfg.data
+        before = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
+        mk = lambda s, aug, seed: ResidentData(s, self.device, sp.mean, sp.std, augment=aug and dc.augment,
+                                               padding=dc.crop_padding, resident=dc.device_resident, seed=seed)
+        self.train_data = mk(sp.train, True, cfg.seed)
+        self.val_data = mk(sp.val, False, 0)
+        self.test_data = mk(sp.test, False, 0)
+        data_bytes = (torch.cuda.memory_allocated(self.device) - before) if self.device.type == "cuda" else 0
+        self.sampler = ElasticSampler(len(self.train_data), seed=cfg.seed)
+
+        # ---- model
+        self.model = build_model(cfg.model, sp.num_classes, sp.in_channels, sp.image_size).to(self.device)
+        if cfg.checkpointing:
+            enable_checkpointing(self.model)
+        self.precision: PrecisionRuntime | None = None
+        if cfg.mode == "triaccel":
+            self.precision = PrecisionRuntime(self.model, self.device, initial=cfg.amp_dtype, log=self.log)
+
+        # ---- optimizer, schedule, scaler
+        groups = param_groups(self.model, per_layer=cfg.mode == "triaccel")
+        oc = cfg.optim
+        if oc.name == "sgd":
+            self.optimizer = torch.optim.SGD(groups, lr=oc.lr, momentum=oc.momentum, nesterov=oc.nesterov,
+                                             weight_decay=oc.weight_decay)
+        else:
+            self.optimizer = torch.optim.AdamW(groups, lr=oc.lr, betas=oc.betas, weight_decay=oc.weight_decay)
+        self.group_names = [g["name"] for g in self.optimizer.param_groups]
+        self.lr_scales = [1.0] * len(groups)  # per-group multipliers (curvature controller)
+        self.batch_lr_factor = 1.0  # memory-elastic batch (paper mode) lr rule
+        n_train = len(self.train_data)
+        self.schedule = WarmupCosine(cfg.epochs * n_train, int(oc.warmup_epochs * n_train))
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self._may_use_fp16())
+
+        # ---- knobs the control loop turns
+        self.batch_size = cfg.batch_size
+        self.micro_batch = math.ceil(cfg.batch_size / cfg.accum_steps)
+        self.meter = MemoryMeter(self.device, baseline_bytes=data_bytes)
+        self.step_count = 0
+        self.epoch = 0
+        self.history = History()
+        self.oom_events = 0
+        for cb in self.callbacks:
+            cb.on_setup(self)
+        return self
+
+    def _may_use_fp16(self) -> bool:
+        if self.cfg.mode == "amp":
+            return self.cfg.amp_dtype == "fp16"
+        return self.cfg.mode == "triaccel"
+
+    def scaler_active(self) -> bool:
+        if self.cfg.mode == "amp":
+            return self.cfg.amp_dtype == "fp16"
+        return self.precision is not None and self.precision.any_fp16()
+
+    def autocast(self):
+        if self.cfg.mode == "amp":
+            return torch.autocast(self.device.type, dtype=DTYPES[self.cfg.amp_dtype])
+        return nullcontext()  # fp32, or triaccel's per-layer regions
+
+    # ================================================================== fit
+    def fit(self) -> dict:
+        while self.epoch < self.cfg.epochs and not self.stop:
+            metrics = self.train_epoch()
+            self.history.epochs.append(metrics)
+            self.epoch += 1
+            for cb in self.callbacks:
+                cb.on_epoch_end(self, metrics)
+        summary = self.summary()
+        if self.cfg.evaluate_test:
+            summary["test_acc"], summary["test_loss"] = self.evaluate(self.test_data)
+        for cb in self.callbacks:
+            cb.on_fit_end(self, summary)
+        return summary
+
+    # ================================================================== epoch
+    def train_epoch(self) -> dict:
+        self.model.train()
+        self.sampler.start_epoch(self.epoch)
+        self.meter.start_epoch()
+        self.meter.set_persistent(self.model, self.optimizer)
+        loss_sum = torch.zeros((), device=self.device)
+        n_seen, steps, skipped = 0, 0, 0
+        sync(self.device)
+        t0 = time.perf_counter()
+        while self.sampler.remaining and not self.stop:
+            idx = self.sampler.take(self.batch_size)
+            loss, info = self.train_step(idx)
+            loss_sum += loss
+            n_seen += info.n_examples
+            steps += 1
+            skipped += info.skipped
+            if self.step_count % self.cfg.triaccel.control_every == 0:
+                self._check_finite(loss_sum)
+        sync(self.device)
+        epoch_time = time.perf_counter() - t0
+
+        train_loss = float(loss_sum) / max(1, n_seen)
+        if not math.isfinite(train_loss):
+            raise Diverged(f"train loss is {train_loss} in epoch {self.epoch + 1}")
+        val_acc, val_loss = self.evaluate(self.val_data)
+        m = {"epoch": self.epoch + 1, "train_loss": train_loss, "val_acc": val_acc, "val_loss": val_loss,
+             "epoch_time_s": epoch_time, "images_per_s": n_seen / epoch_time, "steps": steps,
+             "skipped_steps": skipped, "examples": n_seen, "batch_size": self.batch_size,
+             "micro_batch": self.micro_batch, "lr": self.optimizer.param_groups[0]["lr"],
+             "loss_scale": self.scaler.get_scale() if self.scaler.is_enabled() else 1.0,
+             "oom_events": self.oom_events}
+        m.update(self.meter.epoch_peaks())
+        times = [e["epoch_time_s"] for e in self.history.epochs] + [epoch_time]
+        peak = max([e["peak_mem_gib"] for e in self.history.epochs] + [m["peak_mem_gib"]])
+        m["epoch_time_last5_s"] = last5_mean(times)
+        m["efficiency"] = efficiency_score(val_acc, m["epoch_time_last5_s"], max(peak, 1e-6))
+        self.log(f"epoch {m['epoch']:>3}/{self.cfg.epochs}  loss {train_loss:.4f}  val {val_acc:6.2f}%  "
+                 f"{m['images_per_s']:8.0f} img/s  {epoch_time:6.2f}s  mem {m['peak_mem_gib']:.3f} GiB  "
+                 f"B {self.batch_size}  eff {m['efficiency']:.2f}")
+        return m
+
+    def _check_finite(self, loss_sum: torch.Tensor) -> None:
+        if not bool(torch.isfinite(loss_sum)):
+            raise Diverged(f"train loss became non-finite at step {self.step_count}")
+
+    # ================================================================== step
+    def train_step(self, idx: torch.Tensor) -> tuple[torch.Tensor, StepInfo]:
+        n = len(idx)
+        factor = self.schedule.factor(n) * self.batch_lr_factor
+        for g, s in zip(self.optimizer.param_groups, self.lr_scales):
+            g["lr"] = self.cfg.optim.lr * factor * s
+        use_scaler = self.scaler_active()
+
+        while True:  # re-run the same examples after an OOM, in smaller micro-batches
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = self._accumulate(idx, n, use_scaler)
+            if loss is not None:
+                break
+            self._recover_from_oom()
+
+        if use_scaler:
+            self.scaler.unscale_(self.optimizer)  # once, before clipping and statistics
+        for cb in self.callbacks:
+            cb.on_grads_ready(self, n)
+        if self.cfg.optim.clip_grad_norm:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.clip_grad_norm)
+        skipped = False
+        if use_scaler:
+            old_scale = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            skipped = self.scaler.get_scale() < old_scale  # the scale drops only on a skipped step
+        else:
+            self.optimizer.step()
+        if not skipped:
+            self.schedule.step(n)
+        self.step_count += 1
+        if self.step_count == 1:  # optimizer state exists now: count it (CPU memory accounting)
+            self.meter.set_persistent(self.model, self.optimizer)
+        info = StepInfo(self.step_count, n, skipped, use_scaler)
+        for cb in self.callbacks:
+            cb.on_step_end(self, info)
+        return loss, info
+
+    def _accumulate(self, idx: torch.Tensor, n: int, use_scaler: bool) -> torch.Tensor | None:
+        """Forward/backward over the window in micro-batches; the loss sum, or None after an OOM."""
+        total = torch.zeros((), device=self.device)
+        try:
+            for chunk in idx.split(self.micro_batch):
+                if self.oom_probe is not None:
+                    self.oom_probe(len(chunk))
+                x, y = self.train_data.batch(chunk, train=True)
+                with self.meter.track_forward(), self.autocast():
+                    out = self.model(x)
+                    loss = F.cross_entropy(out.float(), y, reduction="sum")
+                scaled = loss / n  # the window's real example count: exact accumulation
+                (self.scaler.scale(scaled) if use_scaler else scaled).backward()
+                total += loss.detach()
+        except torch.OutOfMemoryError:
+            return None  # handled outside the except block, so its frames and tensors are freed
+        return total
+
+    def _recover_from_oom(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        failed = self.micro_batch
+        if failed <= 1:
+            raise OutOfMemoryBeyondRecovery(f"out of memory with a micro-batch of 1 at step {self.step_count}")
+        self.micro_batch = max(1, failed // 2)
+        self.oom_events += 1
+        self.log(f"[memory] out of memory at micro-batch {failed}: retrying the same examples in "
+                 f"micro-batches of {self.micro_batch}")
+        for cb in self.callbacks:
+            cb.on_oom(self, failed)
+
+    # ================================================================== evaluation
+    @torch.no_grad()
+    def evaluate(self, data: ResidentData) -> tuple[float, float]:
+        """(accuracy %, mean loss) on a split, in the training precision, model in eval mode."""
+        was_training = self.model.training
+        self.model.eval()
+        correct = torch.zeros((), device=self.device, dtype=torch.long)
+        loss = torch.zeros((), device=self.device)
+        idx_all = torch.arange(len(data))
+        for idx in idx_all.split(self.cfg.eval_batch_size):
+            x, y = data.batch(idx, train=False)
+            with self.autocast():
+                out = self.model(x).float()
+            loss += F.cross_entropy(out, y, reduction="sum")
+            correct += (out.argmax(1) == y).sum()
+        self.model.train(was_training)
+        n = max(1, len(data))
+        return 100.0 * float(correct) / n, float(loss) / n
+
+    # ================================================================== results
+    def summary(self) -> dict:
+        eps = self.history.epochs
+        if not eps:
+            return {}
+        last = eps[-1]
+        peak = max(e["peak_mem_gib"] for e in eps)
+        t5 = last5_mean([e["epoch_time_s"] for e in eps])
+        return {"val_acc": last["val_acc"], "epoch_time_last5_s": t5, "peak_mem_gib": peak,
+                "efficiency": efficiency_score(last["val_acc"], t5, max(peak, 1e-6)),
+                "epochs": len(eps), "mem_source": last["mem_source"], "device": str(self.device),
+                "images_per_s_last": last["images_per_s"]}
+
+    # ================================================================== checkpoints
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict(), "schedule": self.schedule.state_dict(),
+                "sampler": self.sampler.state_dict(), "epoch": self.epoch, "step_count": self.step_count,
+                "history": self.history.epochs, "batch_size": self.batch_size, "micro_batch": self.micro_batch,
+                "lr_scales": self.lr_scales, "batch_lr_factor": self.batch_lr_factor,
+                "precision": self.precision.levels() if self.precision else None,
+                "callbacks": [cb.state_dict() for cb in self.callbacks],
+                "rng": {"torch": torch.get_rng_state(), "data": self.train_data.gen.get_state()}}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.model.load_state_dict(s["model"])
+        self.optimizer.load_state_dict(s["optimizer"])
+        self.scaler.load_state_dict(s["scaler"])
+        self.schedule.load_state_dict(s["schedule"])
+        self.sampler.load_state_dict(s["sampler"])
+        self.epoch, self.step_count = s["epoch"], s["step_count"]
+        self.history.epochs = list(s["history"])
+        self.batch_size, self.micro_batch = s["batch_size"], s["micro_batch"]
+        self.lr_scales, self.batch_lr_factor = list(s["lr_scales"]), s["batch_lr_factor"]
+        if self.precision and s["precision"]:
+            for name, lvl in zip(self.precision.names, s["precision"]):
+                self.precision.set(name, lvl)
+        for cb, st in zip(self.callbacks, s["callbacks"]):
+            cb.load_state_dict(st)
+        torch.set_rng_state(s["rng"]["torch"])
+        self.train_data.gen.set_state(s["rng"]["data"])
+
+    def save(self, path) -> None:
+        tmp = f"{path}.tmp"
+        torch.save(self.state_dict(), tmp)
+        os.replace(tmp, path)  # atomic: a kill mid-write leaves the previous checkpoint intact
+
+    def load(self, path) -> None:
+        self.load_state_dict(torch.load(path, weights_only=False, map_location=self.device))
