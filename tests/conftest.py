@@ -1,0 +1,27 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+@pytest.fixture
+def tmp_store(tmp_path, monkeypatch):
+    """A real sqlite MLflow store in a temporary folder, via MLFLOW_TRACKING_URI."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri
+
+
+def small_cfg(**over):
+    """A TrainConfig for fast CPU tests on the digits set."""
+    from triaccel.config import load_config
+
+    base = {"epochs": 2, "batch_size": 64, "device": "cpu", "eval_batch_size": 512, "evaluate_test": False,
+            "data": {"name": "digits", "crop_padding": 1}, "model": {"name": "small_cnn", "width": 8},
+            "optim": {"lr": 0.05, "warmup_epochs": 0.5}, "tracking": {"enabled": False}}
+    sets = [f"{k}={v}" for k, v in over.items()]
+    return load_config(None, sets, base=base)

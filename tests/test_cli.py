@@ -1,0 +1,63 @@
+"""`triaccel train` as a user runs it: a real sqlite MLflow store, real subprocesses."""
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+
+def run_cli(*args, cwd, env_extra=None):
+    import os
+
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "triaccel.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          env=env, timeout=600)
+
+
+def _one_clean_line(r, match):
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    assert lines[0].startswith("triaccel: error: ") and match in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("setup,args,match", [
+    (None, ["--config", "missing.yaml"], "missing.yaml: no such file"),
+    ("a: [1,\n", ["--config", "c.yaml"], "c.yaml: not valid YAML"),
+    ("model: {name: vgg99}\n", ["--config", "c.yaml"], "model.name: unknown model 'vgg99' (valid: efficientnet_b0, mlp, resnet18, small_cnn)"),
+    ("data: {name: mnist}\n", ["--config", "c.yaml"], "data.name: unknown dataset 'mnist'"),
+    ("data: {name: imagefolder, data_dir: /no/such/dir}\n", ["--config", "c.yaml"], "/no/such/dir: data_dir does not exist"),
+    ("batch_size: 0\n", ["--config", "c.yaml"], "c.yaml: batch_size: must be >= 1"),
+    ("epochs: 1\n", ["--config", "c.yaml", "--set", "optim.lr=-2"], "optim.lr: must be > 0"),
+])
+def test_bad_input_is_one_line(tmp_path, setup, args, match):
+    if setup is not None:
+        (tmp_path / "c.yaml").write_text(setup)
+    r = run_cli("train", *args, cwd=tmp_path)
+    _one_clean_line(r, match)
+    assert not (tmp_path / "mlruns").exists() or "model" not in (setup or "")
+
+
+def test_train_logs_run_to_sqlite_store(tmp_path):
+    r = run_cli("train", "--config", str(ROOT / "configs" / "quickstart.yaml"), "--set", "epochs=3", cwd=tmp_path,
+                env_extra={"MLFLOW_TRACKING_URI": ""})
+    assert r.returncode == 0, r.stderr
+    assert "epoch   3/3" in r.stdout and "MLflow run" in r.stdout
+    assert (tmp_path / "mlruns" / "mlflow.db").is_file()
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    exp = c.get_experiment_by_name("triaccel-train")
+    runs = c.search_runs([exp.experiment_id])
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert run.data.params["model.name"] == "small_cnn"
+    assert len(c.get_metric_history(run.info.run_id, "val_acc")) == 3
+    assert run.data.metrics["final_test_acc"] > 50
+    assert "git_revision" in run.data.tags
+    arts = [a.path for a in c.list_artifacts(run.info.run_id)]
+    assert "config.yaml" in arts
+    assert (tmp_path / "mlruns" / "artifacts").is_dir()

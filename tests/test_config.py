@@ -1,0 +1,50 @@
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from triaccel.config import TrainConfig, from_dict, load_config
+from triaccel.errors import ConfigError
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    cfg = load_config(path)
+    assert isinstance(cfg, TrainConfig)
+
+
+def test_unknown_key_names_the_dotted_key(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("optim:\n  lrr: 0.1\n")
+    with pytest.raises(ConfigError, match=r"c.yaml: optim.lrr: unknown key"):
+        load_config(p)
+
+
+@pytest.mark.parametrize("data,match", [
+    ({"batch_size": 0}, "batch_size: must be >= 1"),
+    ({"batch_size": "big"}, "batch_size: must be an integer"),
+    ({"mode": "fp8"}, "mode: must be one of fp32, amp, triaccel"),
+    ({"optim": {"lr": -1}}, "optim.lr: must be > 0"),
+    ({"triaccel": {"precision": {"tau_low": 1e-3, "tau_high": 1e-4}}}, "triaccel.precision.tau_high: must be > tau_low"),
+    ({"triaccel": {"batch": {"rho_low": 0.9, "rho_high": 0.8}}}, "triaccel.batch.rho_high"),
+    ({"data": {"val_fraction": 1.5}}, "data.val_fraction"),
+    ({"checkpointing": "yes"}, "checkpointing: must be true or false"),
+])
+def test_impossible_values_fail_with_key(data, match):
+    with pytest.raises(ConfigError, match=match):
+        from_dict(TrainConfig, data)
+
+
+def test_overrides_are_yaml_typed():
+    cfg = load_config(None, ["optim.lr=0.2", "model.name=resnet18", "triaccel.precision.tau_low=1e-6"])
+    assert cfg.optim.lr == 0.2 and cfg.model.name == "resnet18"
+    assert cfg.triaccel.precision.tau_low == pytest.approx(1e-6)
+
+
+def test_bad_yaml_and_missing_file(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("a: [1, 2\n")
+    with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
+        load_config(p)
+    with pytest.raises(ConfigError, match="nope.yaml: no such file"):
+        load_config(tmp_path / "nope.yaml")

@@ -1,0 +1,122 @@
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from triaccel.config import DataConfig
+from triaccel.data import ElasticSampler, ResidentData, load_splits, random_crop_flip, stratified_split
+from triaccel.errors import DataError
+
+
+def test_stratified_split_is_deterministic_disjoint_and_stratified():
+    labels = torch.arange(10).repeat_interleave(50)  # 10 classes x 50
+    keep, held = stratified_split(labels, 0.2, seed=3)
+    keep2, held2 = stratified_split(labels, 0.2, seed=3)
+    assert torch.equal(held, held2) and torch.equal(keep, keep2)
+    assert len(set(keep.tolist()) & set(held.tolist())) == 0
+    assert len(keep) + len(held) == 500
+    assert torch.bincount(labels[held], minlength=10).tolist() == [10] * 10
+    _, held3 = stratified_split(labels, 0.2, seed=4)
+    assert not torch.equal(held, held3)
+
+
+def test_digits_splits_keep_test_apart():
+    sp = load_splits(DataConfig(name="digits", val_fraction=0.1))
+    assert sp.num_classes == 10 and sp.in_channels == 1 and sp.image_size == 8
+    n = len(sp.train) + len(sp.val) + len(sp.test)
+    assert n == 1797
+    assert sp.train.images.dtype == torch.uint8
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_elastic_sampler_never_loses_or_repeats(seed):
+    rng = np.random.default_rng(seed)
+    s = ElasticSampler(1000, seed=seed)
+    for epoch in range(3):
+        s.start_epoch(epoch)
+        got = []
+        while s.remaining:
+            got.append(s.take(int(rng.integers(1, 200))))
+        allidx = torch.cat(got)
+        assert sorted(allidx.tolist()) == list(range(1000))
+    # the order is a function of (seed, epoch): state_dict resumes mid-epoch exactly
+    s.start_epoch(5)
+    s.take(123)
+    st = s.state_dict()
+    rest = s.take(1000)
+    s2 = ElasticSampler(1000, seed=seed)
+    s2.load_state_dict(st)
+    assert torch.equal(s2.take(1000), rest)
+
+
+def test_crop_flip_shapes_and_content():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 255, (16, 3, 8, 8), dtype=torch.uint8)
+    y = random_crop_flip(x, 2, g)
+    assert y.shape == x.shape and y.dtype == torch.uint8
+    # without padding, each image is itself or its mirror
+    z = random_crop_flip(x, 0, g)
+    for a, b in zip(x, z):
+        assert torch.equal(a, b) or torch.equal(a.flip(2), b)
+    assert random_crop_flip(x[:0], 2, g).shape[0] == 0
+
+
+def test_resident_batch_normalises():
+    sp = load_splits(DataConfig(name="digits"))
+    rd = ResidentData(sp.train, torch.device("cpu"), sp.mean, sp.std, augment=False, padding=0)
+    x, y = rd.batch(torch.arange(len(rd)), train=False)
+    assert x.dtype == torch.float32 and abs(float(x.mean())) < 0.05 and abs(float(x.std()) - 1) < 0.05
+
+
+def _write_tree(root, sizes=((10, 12), (32, 32), (40, 20))):
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for c in ("cat", "dog"):
+            d = root / split / c
+            d.mkdir(parents=True)
+            for i, (w, h) in enumerate(sizes * 3):
+                Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(d / f"{i}.png")
+
+
+def test_imagefolder_any_size_resized_and_cached(tmp_path, monkeypatch):
+    _write_tree(tmp_path / "data")
+    cfg = DataConfig(name="imagefolder", data_dir=str(tmp_path / "data"), image_size=16, val_fraction=0.2,
+                     cache_dir=str(tmp_path / "cache"))
+    sp = load_splits(cfg)
+    assert sp.classes == ["cat", "dog"] and sp.image_size == 16 and sp.in_channels == 3
+    assert len(sp.train) + len(sp.val) == 18 and len(sp.test) == 18
+    caches = list((tmp_path / "cache").glob("*.pt"))
+    assert len(caches) == 2
+    # the second load reads the cache: same tensors, and no image is decoded again
+    import triaccel.data as data_mod
+
+    def no_decode(*a):
+        raise AssertionError("decoded again despite the cache")
+
+    monkeypatch.setattr(data_mod, "_decode", no_decode)
+    sp2 = load_splits(cfg)
+    assert torch.equal(sp2.train.images, sp.train.images)
+
+
+def test_unreadable_image_is_named(tmp_path):
+    _write_tree(tmp_path / "data")
+    bad = tmp_path / "data" / "train" / "dog" / "broken.png"
+    bad.write_bytes(b"not an image")
+    cfg = DataConfig(name="imagefolder", data_dir=str(tmp_path / "data"), cache_dir=str(tmp_path / "c"))
+    with pytest.raises(DataError, match="broken.png: cannot read image"):
+        load_splits(cfg)
+
+
+@pytest.mark.parametrize("cfg,match", [
+    (DataConfig(name="cifar10"), "data.data_dir: CIFAR-10 needs a data_dir"),
+    (DataConfig(name="imagenet"), "data.name: unknown dataset 'imagenet'"),
+    (DataConfig(name="imagefolder", data_dir="/nonexistent/x"), "/nonexistent/x: data_dir does not exist"),
+])
+def test_data_errors(cfg, match):
+    with pytest.raises(DataError, match=match):
+        load_splits(cfg)
+
+
+def test_cifar_offline_without_files_says_how(tmp_path):
+    with pytest.raises(DataError, match="no CIFAR-100 files found .set data.download: true"):
+        load_splits(DataConfig(name="cifar100", data_dir=str(tmp_path)))

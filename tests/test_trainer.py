@@ -1,0 +1,153 @@
+"""The guide's own checks (seed 001) against this trainer, on the CPU."""
+import copy
+
+import pytest
+import torch
+
+from conftest import small_cfg
+from triaccel.models import build_model, enable_checkpointing
+from triaccel.config import ModelConfig
+from triaccel.trainer import Callback, Trainer
+
+
+def _params(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _maxdiff(a, b):
+    return max(float((x - y).abs().max()) for x, y in zip(a, b))
+
+
+def test_accumulation_windows_9_and_1_match_combined_window():
+    """Ten examples, micro-batches of 3, windows of 9 and 1 == one batch of 9 then one of 1."""
+    runs = []
+    for accum in (3, 1):
+        cfg = small_cfg(**{"model.name": "mlp", "batch_size": 9, "accum_steps": accum, "data.augment": False,
+                           "optim.weight_decay": 0.0})
+        t = Trainer(cfg).setup()
+        assert t.micro_batch == (3 if accum == 3 else 9)
+        idx = torch.arange(10)
+        t.train_step(idx[:9])
+        t.train_step(idx[9:])  # the short last window updates too
+        runs.append(_params(t.model))
+        assert t.schedule.done == 10
+    assert _maxdiff(*runs) < 1e-6
+
+
+def test_accumulation_is_normalised_by_real_count_not_micro_batches():
+    """A window of 9 in micro-batches 4+4+1 still gives the mean gradient of the 9 examples."""
+    cfg = small_cfg(**{"model.name": "mlp", "batch_size": 9, "accum_steps": 3, "data.augment": False})
+    t = Trainer(cfg).setup()
+    t.micro_batch = 4
+    ref = copy.deepcopy(t.model)
+    grads = {}
+
+    class Grab(Callback):
+        def on_grads_ready(self, tr, n):
+            grads["acc"] = [p.grad.clone() for p in tr.model.parameters()]
+
+    t.callbacks.append(Grab())
+    idx = torch.arange(9)
+    t.train_step(idx)
+    x, y = t.train_data.batch(idx, train=False)
+    torch.nn.functional.cross_entropy(ref(x), y).backward()
+    assert _maxdiff(grads["acc"], [p.grad for p in ref.parameters()]) < 1e-6
+
+
+def test_fp16_overflow_skips_update_keeps_schedule_halves_scale():
+    cfg = small_cfg(**{"mode": "amp", "amp_dtype": "fp16", "data.augment": False})
+    t = Trainer(cfg).setup()
+    assert t.scaler.is_enabled()
+    t.train_step(torch.arange(32))  # one good step first
+    before, done, scale = _params(t.model), t.schedule.done, t.scaler.get_scale()
+    p0 = next(t.model.parameters())
+    h = p0.register_hook(lambda g: g * float("inf"))
+    _, info = t.train_step(torch.arange(32, 64))
+    h.remove()
+    assert info.skipped
+    assert _maxdiff(before, _params(t.model)) == 0.0
+    assert t.schedule.done == done
+    assert t.scaler.get_scale() == scale / 2
+    _, info = t.train_step(torch.arange(64, 96))
+    assert not info.skipped and t.schedule.done == done + 32
+
+
+def test_checkpointed_model_matches_plain():
+    torch.manual_seed(3)
+    plain = build_model(ModelConfig(name="small_cnn", width=8), 10, 1, 8)
+    ckpt = copy.deepcopy(plain)
+    assert enable_checkpointing(ckpt) == 3
+    x = torch.randn(6, 1, 8, 8)
+    a, b = plain(x), ckpt(x)
+    a.square().mean().backward()
+    b.square().mean().backward()
+    assert torch.allclose(a, b)
+    assert all(torch.allclose(p.grad, q.grad) for p, q in zip(plain.parameters(), ckpt.parameters()))
+
+
+def test_oom_recovery_loses_no_sample():
+    """A memory budget that a micro-batch above 24 would exceed: every example still trains once."""
+    cfg = small_cfg(**{"batch_size": 100, "epochs": 1})
+    budget = 24
+
+    def probe(micro):
+        if micro > budget:
+            raise torch.OutOfMemoryError(f"fake: {micro} > {budget}")
+
+    t = Trainer(cfg, oom_probe=probe, log=lambda *a: None).setup()
+    seen = []
+    real_batch = t.train_data.batch
+
+    def spy(idx, train):
+        seen.append(idx.clone())
+        return real_batch(idx, train)
+
+    t.train_data.batch = spy
+    t.fit()
+    trained = torch.cat(seen).tolist()
+    assert sorted(trained) == list(range(len(t.train_data)))
+    assert t.oom_events >= 1 and t.micro_batch <= budget
+    assert t.history.epochs[0]["examples"] == len(t.train_data)
+
+
+def test_oom_beyond_recovery_is_a_clear_error():
+    from triaccel.trainer import OutOfMemoryBeyondRecovery
+
+    def probe(micro):
+        raise torch.OutOfMemoryError("fake")
+
+    t = Trainer(small_cfg(), oom_probe=probe, log=lambda *a: None).setup()
+    with pytest.raises(OutOfMemoryBeyondRecovery, match="micro-batch of 1"):
+        t.fit()
+
+
+def test_resume_from_checkpoint_is_identical(tmp_path):
+    cfg = small_cfg(**{"epochs": 3})
+    full = Trainer(cfg, log=lambda *a: None).setup()
+    full.fit()
+
+    class StopAfter2(Callback):
+        def on_epoch_end(self, tr, m):
+            tr.stop = tr.epoch == 2
+
+    part = Trainer(cfg, callbacks=[StopAfter2()], log=lambda *a: None).setup()
+    part.fit()
+    assert part.epoch == 2
+    part.save(tmp_path / "ck.pt")
+    resumed = Trainer(cfg, log=lambda *a: None).setup()
+    resumed.load(tmp_path / "ck.pt")
+    resumed.fit()
+    assert resumed.epoch == 3 and len(resumed.history.epochs) == 3
+    assert _maxdiff(_params(full.model), _params(resumed.model)) < 1e-6
+
+
+@pytest.mark.parametrize("mode", ["fp32", "amp"])
+def test_end_to_end_learns_digits(mode):
+    cfg = small_cfg(**{"epochs": 8, "mode": mode, "evaluate_test": True, "model.width": 16})
+    t = Trainer(cfg, log=lambda *a: None).setup()
+    s = t.fit()
+    assert s["val_acc"] > 85.0 and s["test_acc"] > 80.0
+    e = t.history.epochs[-1]
+    for k in ("train_loss", "val_acc", "epoch_time_s", "peak_mem_gib", "images_per_s", "efficiency"):
+        assert e[k] > 0
+    assert t.history.epochs[0]["train_loss"] > e["train_loss"]
