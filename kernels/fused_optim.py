@@ -1,0 +1,224 @@
+"""Fused multi-tensor optimizer steps with a per-layer lr read from a device array.
+
+One launch updates every parameter of the model: SGD (momentum, Nesterov, weight decay) or
+AdamW, with each parameter group's lr read from a device array (the curvature controller's
+eta_l), the GradScaler's unscale (grad / scale) folded in, and the whole update skipped when
+``found_inf`` is set, exactly as ``torch.optim.SGD`` / ``torch.optim.AdamW`` driven by a
+``GradScaler`` would. The found_inf test happens on the device: no host sync.
+
+The optimizers declare ``_step_supports_amp_scaling``: ``GradScaler.step`` then hands them
+``grad_scale`` and ``found_inf`` tensors instead of unscaling and checking for them. With one
+param group per layer, torch's own fused/foreach optimizers launch once per group; these
+launch once per step.
+
+References: ``reference.sgd_step_ref`` / ``adamw_step_ref`` (and torch.optim itself in tests).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from triaccel.kernels._table import block_table
+from triaccel.kernels.reference import adamw_step_ref, sgd_step_ref
+
+BLOCK = 2048
+
+
+@triton.jit
+def _sgd_kernel(table_ptr, lr_ptr, scale_ptr, found_inf_ptr, momentum, weight_decay,
+                HAS_MOMENTUM: tl.constexpr, NESTEROV: tl.constexpr, HAS_SCALE: tl.constexpr,
+                HAS_INF: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    row = table_ptr + pid * 7
+    p_ptr = tl.load(row).to(tl.pointer_type(tl.float32))
+    g_ptr = tl.load(row + 1).to(tl.pointer_type(tl.float32))
+    m_ptr = tl.load(row + 2).to(tl.pointer_type(tl.float32))
+    start = tl.load(row + 3)
+    n = tl.load(row + 4)
+    group = tl.load(row + 6)
+    offs = start + tl.arange(0, BLOCK)
+    mask = offs < n
+    if HAS_INF:
+        mask = mask & (tl.load(found_inf_ptr) == 0)  # skipped step: nothing read, nothing written
+    lr = tl.load(lr_ptr + group)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+    if HAS_SCALE:
+        g = g / tl.load(scale_ptr)
+    p = tl.load(p_ptr + offs, mask=mask, other=0.0)
+    g = g + weight_decay * p
+    if HAS_MOMENTUM:
+        m = tl.load(m_ptr + offs, mask=mask, other=0.0)
+        m = momentum * m + g
+        tl.store(m_ptr + offs, m, mask=mask)
+        if NESTEROV:
+            g = g + momentum * m
+        else:
+            g = m
+    tl.store(p_ptr + offs, p - lr * g, mask=mask)
+
+
+@triton.jit
+def _adamw_kernel(table_ptr, lr_ptr, scale_ptr, found_inf_ptr, step_ptr, beta1, beta2, eps, weight_decay,
+                  HAS_SCALE: tl.constexpr, HAS_INF: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    row = table_ptr + pid * 8
+    p_ptr = tl.load(row).to(tl.pointer_type(tl.float32))
+    g_ptr = tl.load(row + 1).to(tl.pointer_type(tl.float32))
+    m_ptr = tl.load(row + 2).to(tl.pointer_type(tl.float32))
+    v_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float32))
+    start = tl.load(row + 4)
+    n = tl.load(row + 5)
+    group = tl.load(row + 7)
+    offs = start + tl.arange(0, BLOCK)
+    mask = offs < n
+    if HAS_INF:
+        mask = mask & (tl.load(found_inf_ptr) == 0)
+    lr = tl.load(lr_ptr + group)
+    step = tl.load(step_ptr)
+    bc1 = 1.0 - tl.exp(step * tl.log(beta1))
+    bc2_sqrt = tl.sqrt(1.0 - tl.exp(step * tl.log(beta2)))
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+    if HAS_SCALE:
+        g = g / tl.load(scale_ptr)
+    p = tl.load(p_ptr + offs, mask=mask, other=0.0)
+    m = tl.load(m_ptr + offs, mask=mask, other=0.0)
+    v = tl.load(v_ptr + offs, mask=mask, other=0.0)
+    p = p * (1.0 - lr * weight_decay)
+    m = m + (1.0 - beta1) * (g - m)
+    v = beta2 * v + (1.0 - beta2) * g * g
+    p = p - (lr / bc1) * m / (tl.sqrt(v) / bc2_sqrt + eps)
+    tl.store(m_ptr + offs, m, mask=mask)
+    tl.store(v_ptr + offs, v, mask=mask)
+    tl.store(p_ptr + offs, p, mask=mask)
+
+
+def triton_usable(device: torch.device) -> bool:
+    import os
+
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+class _FusedBase(torch.optim.Optimizer):
+    _step_supports_amp_scaling = True  # GradScaler hands us grad_scale / found_inf tensors
+
+    def __init__(self, params, defaults, backend: str):
+        if backend not in ("auto", "triton", "torch"):
+            raise ValueError(f"backend must be auto, triton or torch, got {backend!r}")
+        super().__init__(params, defaults)
+        self.backend = backend
+        self._lr_cache: tuple | None = None
+        self._lr_dev: torch.Tensor | None = None
+
+    def _use_triton(self, device) -> bool:
+        return self.backend == "triton" or (self.backend == "auto" and triton_usable(device))
+
+    def _lrs(self, device) -> torch.Tensor:
+        lrs = tuple(float(g["lr"]) for g in self.param_groups)
+        if lrs != self._lr_cache or self._lr_dev is None or self._lr_dev.device != device:
+            self._lr_dev = torch.tensor(lrs, dtype=torch.float32, device=device)  # one tiny copy when lrs change
+            self._lr_cache = lrs
+        return self._lr_dev
+
+    def _collect(self):
+        ps, gs, gid = [], [], []
+        for i, g in enumerate(self.param_groups):
+            for p in g["params"]:
+                if p.grad is not None:
+                    if p.dtype != torch.float32 or p.grad.dtype != torch.float32:
+                        raise TypeError("fused optimizers keep fp32 master weights and fp32 gradients")
+                    ps.append(p)
+                    gs.append(p.grad)
+                    gid.append(i)
+        return ps, gs, gid
+
+    def _flags(self, device):
+        scale = getattr(self, "grad_scale", None)
+        found = getattr(self, "found_inf", None)
+        dummy = torch.zeros(1, device=device)
+        return scale, found, (scale if scale is not None else dummy), (found if found is not None else dummy)
+
+
+class FusedSGD(_FusedBase):
+    """``torch.optim.SGD`` (dampening 0) with per-group lr, in one launch per step."""
+
+    def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
+                 backend: str = "auto"):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov), backend)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        ps, gs, gid = self._collect()
+        if not ps:
+            return loss
+        d = self.param_groups[0]
+        mom, wd, nest = d["momentum"], d["weight_decay"], d["nesterov"]
+        bufs = []
+        for p in ps:
+            st = self.state[p]
+            if "momentum_buffer" not in st:
+                st["momentum_buffer"] = torch.zeros_like(p)  # = torch's clone(g) on the first step (dampening 0)
+            bufs.append(st["momentum_buffer"])
+        dev = ps[0].device
+        scale, found, scale_t, found_t = self._flags(dev)
+        if self._use_triton(dev):
+            table = block_table([ps, gs, bufs], BLOCK, extra=gid)
+            _sgd_kernel[(table.shape[0],)](table, self._lrs(dev), scale_t, found_t, float(mom), float(wd),
+                                           HAS_MOMENTUM=mom != 0, NESTEROV=bool(nest), HAS_SCALE=scale is not None,
+                                           HAS_INF=found is not None, BLOCK=BLOCK, num_warps=4)
+        else:
+            lrs = [self.param_groups[i]["lr"] for i in gid]
+            sgd_step_ref(ps, gs, bufs, lrs, momentum=mom, weight_decay=wd, nesterov=nest,
+                         inv_scale=None if scale is None else 1.0 / scale, found_inf=found)
+        return loss
+
+
+class FusedAdamW(_FusedBase):
+    """``torch.optim.AdamW`` (no amsgrad) with per-group lr, in one launch per step.
+
+    The step count lives on the device and advances only on steps that were not skipped.
+    """
+
+    def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
+                 backend: str = "auto"):
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), backend)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        ps, gs, gid = self._collect()
+        if not ps:
+            return loss
+        d = self.param_groups[0]
+        (b1, b2), eps, wd = d["betas"], d["eps"], d["weight_decay"]
+        ms, vs = [], []
+        for p in ps:
+            st = self.state[p]
+            if "exp_avg" not in st:
+                st["exp_avg"] = torch.zeros_like(p)
+                st["exp_avg_sq"] = torch.zeros_like(p)
+            ms.append(st["exp_avg"])
+            vs.append(st["exp_avg_sq"])
+        dev = ps[0].device
+        scale, found, scale_t, found_t = self._flags(dev)
+        st0 = self.state[ps[0]]
+        if "fused_step" not in st0:
+            st0["fused_step"] = torch.zeros(1, dtype=torch.float32, device=dev)
+        step_t = st0["fused_step"]
+        if found is not None:
+            step_t.add_((found.reshape(-1)[:1] == 0).float())  # a skipped step does not count
+        else:
+            step_t.add_(1.0)
+        if self._use_triton(dev):
+            table = block_table([ps, gs, ms, vs], BLOCK, extra=gid)
+            _adamw_kernel[(table.shape[0],)](table, self._lrs(dev), scale_t, found_t, step_t, float(b1), float(b2),
+                                             float(eps), float(wd), HAS_SCALE=scale is not None,
+                                             HAS_INF=found is not None, BLOCK=BLOCK, num_warps=4)
+        else:
+            lrs = [self.param_groups[i]["lr"] for i in gid]
+            adamw_step_ref(ps, gs, ms, vs, lrs, int(step_t.item()), beta1=b1, beta2=b2, eps=eps, weight_decay=wd,
+                           inv_scale=None if scale is None else 1.0 / scale, found_inf=found)
+        return loss

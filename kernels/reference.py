@@ -1,0 +1,57 @@
+"""Plain-torch references for every Triton kernel, with the same signatures.
+
+The tests compare each kernel against these over odd shapes and dtypes; the trainer uses
+them where Triton cannot run (CPU without the interpreter).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def grad_stats_ref(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Per tensor: [sum, sum of squares, count of non-finite values], float32 [n, 3]."""
+    dev = tensors[0].device if tensors else torch.device("cpu")
+    out = torch.zeros(len(tensors), 3, dtype=torch.float32, device=dev)
+    for i, t in enumerate(tensors):
+        if t.numel() == 0:
+            continue
+        x = t.detach().float()
+        finite = torch.isfinite(x)
+        xf = torch.where(finite, x, torch.zeros((), device=x.device))
+        out[i, 0] = xf.sum()
+        out[i, 1] = (xf * xf).sum()
+        out[i, 2] = (~finite).sum()
+    return out
+
+
+def sgd_step_ref(params, grads, bufs, lrs, *, momentum: float, weight_decay: float, nesterov: bool,
+                 inv_scale: torch.Tensor | None = None, found_inf: torch.Tensor | None = None) -> None:
+    """torch.optim.SGD's update (dampening 0) with per-tensor lr, unscale and inf skip."""
+    if found_inf is not None and float(found_inf) > 0:
+        return
+    for p, g, b, lr in zip(params, grads, bufs, lrs):
+        g = g.float() * (float(inv_scale) if inv_scale is not None else 1.0)
+        if weight_decay:
+            g = g + weight_decay * p
+        if momentum:
+            b.mul_(momentum).add_(g)
+            g = g + momentum * b if nesterov else b
+        p.add_(g, alpha=-float(lr))
+
+
+def adamw_step_ref(params, grads, exp_avgs, exp_avg_sqs, lrs, step: int, *, beta1: float, beta2: float,
+                   eps: float, weight_decay: float, inv_scale: torch.Tensor | None = None,
+                   found_inf: torch.Tensor | None = None) -> None:
+    """torch.optim.AdamW's update (no amsgrad) with per-tensor lr; ``step`` counts this update (1-based)."""
+    if found_inf is not None and float(found_inf) > 0:
+        return
+    bc1 = 1 - beta1 ** step
+    bc2s = math.sqrt(1 - beta2 ** step)
+    for p, g, m, v, lr in zip(params, grads, exp_avgs, exp_avg_sqs, lrs):
+        g = g.float() * (float(inv_scale) if inv_scale is not None else 1.0)
+        p.mul_(1 - float(lr) * weight_decay)
+        m.lerp_(g, 1 - beta1)
+        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        p.addcdiv_(m, (v.sqrt() / bc2s).add_(eps), value=-float(lr) / bc1)

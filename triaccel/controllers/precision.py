@@ -1,0 +1,79 @@
+"""§3.1 precision controller: per-layer FP16 / BF16 / FP32 from the gradient-variance EMA.
+
+    level_l = FP16 if v_l < tau_low;  BF16 if tau_low <= v_l < tau_high;  FP32 if v_l >= tau_high
+
+with three additions that keep it stable and safe:
+- hysteresis: to move up across a threshold tau, v must reach tau*(1+h); to move down it must
+  fall below tau*(1-h), so a layer sitting on a threshold does not flip every window;
+- minimum dwell: after a change a layer keeps its level for ``min_dwell`` windows;
+- promotions: a layer whose curvature lambda_max exceeds tau_curv runs one level higher for
+  that window (§3.2); a layer whose fp16 gradients overflowed (GradScaler) is moved to BF16 at
+  once, dwell or not (safety beats stability).
+
+The EMA itself (v <- beta v + (1-beta) Var[grad]) is updated on the device every step by the
+gradient-statistics kernel; this class receives v once per window.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from triaccel.config import PrecisionConfig
+
+LEVELS = ("fp16", "bf16", "fp32")
+
+
+@dataclass(frozen=True)
+class PrecisionDecision:
+    levels: tuple  # effective level name per layer
+    base: tuple  # level from the variance alone (with hysteresis and dwell)
+    reasons: tuple  # per layer: "", "curvature", "overflow"
+    changed: int  # layers whose effective level changed this window
+
+
+def _level(v: float, lo: float, hi: float) -> int:
+    return 0 if v < lo else (1 if v < hi else 2)
+
+
+class PrecisionController:
+    def __init__(self, cfg: PrecisionConfig, n_layers: int, initial: str = "bf16", tau_curv: float | None = None):
+        self.cfg = cfg
+        self.tau_curv = tau_curv
+        self.base = [LEVELS.index(initial)] * n_layers
+        self.effective = list(self.base)
+        self.last_change = [-(10 ** 9)] * n_layers  # window index of each layer's last base change
+
+    def update(self, variance: Sequence[float], window: int, curvature: Sequence[float] | None = None,
+               overflow: Sequence[bool] | None = None) -> PrecisionDecision:
+        c, h = self.cfg, self.cfg.hysteresis
+        n = len(self.base)
+        if len(variance) != n:
+            raise ValueError(f"expected {n} variances, got {len(variance)}")
+        reasons = [""] * n
+        new_eff = []
+        for i, v in enumerate(variance):
+            cur = self.base[i]
+            if overflow is not None and overflow[i] and cur == 0:
+                self.base[i], self.last_change[i] = 1, window
+                reasons[i] = "overflow"
+            elif window - self.last_change[i] >= c.min_dwell:
+                up = _level(v, c.tau_low * (1 + h), c.tau_high * (1 + h))  # level v has clearly reached
+                down = _level(v, c.tau_low * (1 - h), c.tau_high * (1 - h))  # level v has not clearly left
+                target = up if cur < up else (down if cur > down else cur)
+                if target != cur:
+                    self.base[i], self.last_change[i] = target, window
+            eff = self.base[i]
+            if curvature is not None and self.tau_curv is not None and curvature[i] > self.tau_curv and eff < 2:
+                eff += 1
+                reasons[i] = reasons[i] or "curvature"
+            new_eff.append(eff)
+        changed = sum(a != b for a, b in zip(new_eff, self.effective))
+        self.effective = new_eff
+        return PrecisionDecision(tuple(LEVELS[e] for e in new_eff), tuple(LEVELS[b] for b in self.base),
+                                 tuple(reasons), changed)
+
+    def state_dict(self) -> dict:
+        return {"base": list(self.base), "effective": list(self.effective), "last_change": list(self.last_change)}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.base, self.effective, self.last_change = list(s["base"]), list(s["effective"]), list(s["last_change"])
