@@ -39,10 +39,10 @@ def _sgd_kernel(table_ptr, lr_ptr, scale_ptr, found_inf_ptr, momentum, weight_de
     start = tl.load(row + 3)
     n = tl.load(row + 4)
     group = tl.load(row + 6)
+    if HAS_INF:
+        n = tl.where(tl.load(found_inf_ptr) == 0, n, 0)  # skipped step: nothing read, nothing written
     offs = start + tl.arange(0, BLOCK)
     mask = offs < n
-    if HAS_INF:
-        mask = mask & (tl.load(found_inf_ptr) == 0)  # skipped step: nothing read, nothing written
     lr = tl.load(lr_ptr + group)
     g = tl.load(g_ptr + offs, mask=mask, other=0.0)
     if HAS_SCALE:
@@ -72,10 +72,10 @@ def _adamw_kernel(table_ptr, lr_ptr, scale_ptr, found_inf_ptr, step_ptr, beta1, 
     start = tl.load(row + 4)
     n = tl.load(row + 5)
     group = tl.load(row + 7)
+    if HAS_INF:
+        n = tl.where(tl.load(found_inf_ptr) == 0, n, 0)
     offs = start + tl.arange(0, BLOCK)
     mask = offs < n
-    if HAS_INF:
-        mask = mask & (tl.load(found_inf_ptr) == 0)
     lr = tl.load(lr_ptr + group)
     step = tl.load(step_ptr)
     bc1 = 1.0 - tl.exp(step * tl.log(beta1))

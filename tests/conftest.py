@@ -7,6 +7,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
+import torch  # noqa: E402
+
+# Without a GPU the Triton kernels run under Triton's interpreter (must be set before they are defined).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
 
 @pytest.fixture
 def tmp_store(tmp_path, monkeypatch):

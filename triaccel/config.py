@@ -101,7 +101,8 @@ class CurvatureConfig:
     """§3.2: top-k per-layer Hessian eigenvalues, per-layer lr eta_l = eta_0 / (1 + alpha * lambda_max)."""
 
     enabled: bool = True
-    method: Literal["power", "fisher"] = "power"  # power: HVP power iteration; fisher: diag-GGN proxy
+    method: Literal["power", "fisher"] = "power"  # power: Hessian subspace iteration; fisher: free proxy from grad stats
+    probe: Literal["exact", "batched"] = "exact"  # power: one HVP per layer and vector, or sign-mixed shared HVPs
     alpha: float = 0.01
     tau_curv: float = 100.0  # lambda_max above this promotes the layer's precision one level
     top_k: int = 5  # paper: k = 5

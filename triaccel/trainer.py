@@ -123,6 +123,7 @@ class Trainer:
         # Tests inject a memory budget through it; on a GPU real OOMs arrive the same way.
         self.oom_probe = oom_probe
         self.stop = False  # a callback (ASHA through Tune, say) may ask the loop to end
+        self.grads_to_none = True  # the control loop keeps gradient buffers in place (stable kernel tables)
 
     # ================================================================== setup
     def setup(self) -> "Trainer":
@@ -156,17 +157,12 @@ class Trainer:
 
         # ---- optimizer, schedule, scaler
         groups = param_groups(self.model, per_layer=cfg.mode == "triaccel")
-        oc = cfg.optim
-        if oc.name == "sgd":
-            self.optimizer = torch.optim.SGD(groups, lr=oc.lr, momentum=oc.momentum, nesterov=oc.nesterov,
-                                             weight_decay=oc.weight_decay)
-        else:
-            self.optimizer = torch.optim.AdamW(groups, lr=oc.lr, betas=oc.betas, weight_decay=oc.weight_decay)
+        self.optimizer = self._make_optimizer(groups)
         self.group_names = [g["name"] for g in self.optimizer.param_groups]
         self.lr_scales = [1.0] * len(groups)  # per-group multipliers (curvature controller)
         self.batch_lr_factor = 1.0  # memory-elastic batch (paper mode) lr rule
         n_train = len(self.train_data)
-        self.schedule = WarmupCosine(cfg.epochs * n_train, int(oc.warmup_epochs * n_train))
+        self.schedule = WarmupCosine(cfg.epochs * n_train, int(cfg.optim.warmup_epochs * n_train))
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self._may_use_fp16())
 
         # ---- knobs the control loop turns
@@ -180,6 +176,23 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_setup(self)
         return self
+
+    def _make_optimizer(self, groups):
+        """torch.optim for fp32/amp; in triaccel mode the fused one-launch kernels on CUDA
+        (per-layer lr from a device array), torch.optim with per-layer groups elsewhere."""
+        oc, kern = self.cfg.optim, self.cfg.triaccel.kernels
+        fused = self.cfg.mode == "triaccel" and (kern == "triton" or (kern == "auto" and self.device.type == "cuda"))
+        if fused:
+            from triaccel.kernels.fused_optim import FusedAdamW, FusedSGD
+
+            if oc.name == "sgd":
+                return FusedSGD(groups, lr=oc.lr, momentum=oc.momentum, nesterov=oc.nesterov,
+                                weight_decay=oc.weight_decay, backend="triton")
+            return FusedAdamW(groups, lr=oc.lr, betas=oc.betas, weight_decay=oc.weight_decay, backend="triton")
+        if oc.name == "sgd":
+            return torch.optim.SGD(groups, lr=oc.lr, momentum=oc.momentum, nesterov=oc.nesterov,
+                                   weight_decay=oc.weight_decay)
+        return torch.optim.AdamW(groups, lr=oc.lr, betas=oc.betas, weight_decay=oc.weight_decay)
 
     def _may_use_fp16(self) -> bool:
         if self.cfg.mode == "amp":
@@ -266,7 +279,7 @@ class Trainer:
         use_scaler = self.scaler_active()
 
         while True:  # re-run the same examples after an OOM, in smaller micro-batches
-            self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(set_to_none=self.grads_to_none)
             loss = self._accumulate(idx, n, use_scaler)
             if loss is not None:
                 break

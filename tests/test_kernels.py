@@ -1,0 +1,117 @@
+"""Each Triton kernel against its plain-torch reference (CPU: TRITON_INTERPRET=1; GPU: native)."""
+import pytest
+import torch
+
+from conftest import DEVICES
+from triaccel.kernels import grad_stats_ref
+from triaccel.kernels.fused_optim import FusedAdamW, FusedSGD
+from triaccel.kernels.grad_stats import grad_stats_triton
+
+# relative tolerance of the sums per input dtype (inputs are exact in their dtype; fp32 accumulation
+# order differs between one sum and many block partials)
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-5, torch.float16: 1e-5}
+
+SHAPES = {
+    "odd": [(3, 5, 7), (13,), (1023,), (4097,)],
+    "empty_and_single": [(0,), (1,), (2, 0), (1, 1)],
+    "many_tiny": [(i % 7 + 1,) for i in range(150)],
+    "one_huge": [(300_001,)],
+}
+
+
+def _device_ok(dev):
+    return dev == "cuda" or __import__("os").environ.get("TRITON_INTERPRET") == "1"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shapes", list(SHAPES), ids=list(SHAPES))
+def test_grad_stats_matches_reference(device, dtype, shapes):
+    if not _device_ok(device):
+        pytest.skip("Triton needs CUDA or TRITON_INTERPRET=1")
+    g = torch.Generator().manual_seed(0)
+    ts = [(torch.randn(*s, generator=g) * 3).to(device=device, dtype=dtype) for s in SHAPES[shapes]]
+    got, ref = grad_stats_triton(ts), grad_stats_ref(ts)
+    assert got.shape == (len(ts), 3)
+    scale = ref[:, :2].abs() + torch.tensor([[float(t.numel()) ** 0.5 * 3, 1.0] for t in ts], device=ref.device)
+    assert torch.all((got[:, :2] - ref[:, :2]).abs() <= TOL[dtype] * scale + 1e-4), (got, ref)
+    assert torch.equal(got[:, 2], ref[:, 2])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grad_stats_counts_nonfinite_and_excludes_them(device):
+    if not _device_ok(device):
+        pytest.skip()
+    a = torch.tensor([1.0, float("inf"), 2.0, float("nan"), -float("inf")], device=device)
+    b = torch.ones(5000, device=device)
+    b[4321] = float("nan")
+    got = grad_stats_triton([a, b])
+    assert got[0].tolist() == [3.0, 5.0, 3.0]
+    assert got[1].tolist() == [4999.0, 4999.0, 1.0]
+
+
+def _opt_pair(kind, device, lrs, **kw):
+    g = torch.Generator().manual_seed(1)
+    shapes = [(37,), (5, 3), (1,), (2049,), (8, 3, 3, 3)]
+    p1 = [torch.randn(*s, generator=g).to(device).requires_grad_() for s in shapes]
+    p2 = [p.detach().clone().requires_grad_() for p in p1]
+    groups = lambda ps: [{"params": [p], "lr": lr} for p, lr in zip(ps, lrs)]
+    if kind == "sgd":
+        return p1, p2, FusedSGD(groups(p1), lr=0.1, backend="triton", **kw), torch.optim.SGD(groups(p2), lr=0.1, **kw)
+    return p1, p2, FusedAdamW(groups(p1), lr=0.1, backend="triton", **kw), torch.optim.AdamW(groups(p2), lr=0.1, **kw)
+
+
+CASES = [
+    ("sgd", dict(momentum=0.9, weight_decay=5e-4, nesterov=False)),
+    ("sgd", dict(momentum=0.9, weight_decay=1e-3, nesterov=True)),
+    ("sgd", dict(momentum=0.0, weight_decay=0.0)),
+    ("adamw", dict(weight_decay=1e-2, betas=(0.9, 0.999))),
+    ("adamw", dict(weight_decay=0.0, betas=(0.8, 0.99), eps=1e-6)),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind,kw", CASES)
+def test_fused_optimizer_matches_torch_step_by_step_with_overflow(device, kind, kw):
+    """Six steps through a GradScaler; step 3 has an inf gradient and must be skipped by both."""
+    if not _device_ok(device):
+        pytest.skip()
+    lrs = [0.1, 0.05, 0.2, 0.01, 0.1]
+    p1, p2, o1, o2 = _opt_pair(kind, device, lrs, **kw)
+    s1 = torch.amp.GradScaler(device, init_scale=1024.0, growth_interval=2)
+    s2 = torch.amp.GradScaler(device, init_scale=1024.0, growth_interval=2)
+    g = torch.Generator().manual_seed(2)
+    for step in range(6):
+        grads = [torch.randn(p.shape, generator=g).to(device) for p in p1]
+        if step == 3:
+            grads[1][0, 0] = float("inf")
+        for ps, opt, sc in ((p1, o1, s1), (p2, o2, s2)):
+            loss = sum((p * gr).sum() for p, gr in zip(ps, grads))
+            sc.scale(loss).backward()
+            sc.step(opt)
+            sc.update()
+            opt.zero_grad(set_to_none=False)
+        assert s1.get_scale() == s2.get_scale()
+        # AdamW's bias corrections are computed in fp32 on the device (torch: Python doubles) and its
+        # normalised step amplifies last-bit differences of sqrt(v): a looser absolute tolerance.
+        atol = 1e-5 if kind == "adamw" else 1e-6
+        for a, b in zip(p1, p2):
+            assert torch.allclose(a, b, rtol=1e-5, atol=atol), (step, float((a - b).abs().max().detach()))
+    assert s1.get_scale() < 1024.0 * 4  # the overflow halved the scale once
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_optimizer_unscaled_path_and_reference_backend(device):
+    """Without a GradScaler (bf16/fp32 steps) and with the torch backend, same results as torch.optim."""
+    if not _device_ok(device):
+        pytest.skip()
+    for backend in ("triton", "torch"):
+        p1, p2, o1, o2 = _opt_pair("sgd", device, [0.1, 0.2, 0.3, 0.4, 0.5], momentum=0.9, weight_decay=1e-4)
+        o1.backend = backend
+        for _ in range(3):
+            for ps in (p1, p2):
+                for p in ps:
+                    p.grad = torch.ones_like(p) * 0.5
+            o1.step()
+            o2.step()
+        assert all(torch.allclose(a, b, rtol=1e-6, atol=1e-6) for a, b in zip(p1, p2))

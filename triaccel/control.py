@@ -1,0 +1,232 @@
+"""§3.4 the unified control loop, attached to the Trainer as a callback.
+
+Every step (after unscale, before the update): one launch of the gradient-statistics kernel
+gives each layer's sum, sum of squares and non-finite count; the variance EMA
+v_l <- beta v_l + (1 - beta) Var[grad_l] is updated on the device. Nothing is read back.
+
+Every ``every`` steps (T_curv): curvature refresh -> per-layer lr scales eta_l / eta_0.
+
+Every ``control_every`` steps (T_ctrl), one host read, then in the paper's order:
+  1. statistics: variance EMA, overflow flags, the window's memory peak;
+  2. precision per layer (variance thresholds, curvature and overflow promotion);
+  3. per-layer lr (from the latest curvature decision);
+  4. batch size from memory feedback.
+Each decision is logged as one row of the trajectory (saved as JSON + CSV + plots).
+Each controller can be switched off alone (the paper's Table 2 ablation).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from triaccel.config import TriAccelConfig
+from triaccel.controllers import BatchController, CurvatureController, PrecisionController
+from triaccel.curvature import HessianProbe, fisher_proxy
+from triaccel.kernels import grad_stats
+from triaccel.measure import GiB, device_used_fraction
+from triaccel.trainer import Callback
+
+
+class TriAccelLoop(Callback):
+    def __init__(self, cfg: TriAccelConfig, log=print, shared_trials: int = 1):
+        self.cfg = cfg
+        self.log = log
+        self.shared_trials = shared_trials  # >1: trials share the GPU, so NVML pressure matters
+        self.trajectory: list[dict] = []
+        self.window = 0
+        self.timing = {"stats_s": 0.0, "curvature_s": 0.0, "window_s": 0.0}
+
+    # ------------------------------------------------------------------ setup
+    def on_setup(self, tr):
+        c = self.cfg
+        rt = tr.precision
+        if rt is None:
+            raise RuntimeError("TriAccelLoop needs the trainer in mode 'triaccel'")
+        dev = tr.device
+        self.names = list(rt.names)
+        self.L = len(self.names)
+        groups = tr.optimizer.param_groups  # one per layer, in the same order, then "_other"
+        assert [g["name"] for g in groups[:self.L]] == self.names
+        self.tensors = [p for g in groups for p in g["params"]]
+        self.tensor_group = torch.tensor([gi for gi, g in enumerate(groups) for _ in g["params"]], device=dev)
+        self.n_groups = len(groups)
+        self.group_numel = torch.zeros(self.n_groups, device=dev).index_add_(
+            0, self.tensor_group, torch.tensor([float(p.numel()) for p in self.tensors], device=dev))
+        self.ema = torch.zeros(self.n_groups, device=dev)
+        self.ema_ready = False
+        self.nonfinite = torch.zeros(self.n_groups, device=dev)
+        self.fisher_acc = torch.zeros(self.n_groups, device=dev)
+        self.fisher_n = 0
+        self.kernel_backend = "torch" if c.kernels == "torch" else ("triton" if c.kernels == "triton" else "auto")
+        tr.grads_to_none = False  # gradients stay where they are: the kernels' block tables are built once
+
+        self.prec = PrecisionController(c.precision, self.L, initial=tr.cfg.amp_dtype,
+                                        tau_curv=c.curvature.tau_curv if c.curvature.enabled else None) \
+            if c.precision.enabled else None
+        self.curv = CurvatureController(c.curvature, self.L) if c.curvature.enabled else None
+        self.probe = None
+        if self.curv is not None and c.curvature.method == "power":
+            self.probe = HessianProbe(tr.model, [list(m.parameters(recurse=False)) for _, m in rt.layers],
+                                      top_k=c.curvature.top_k, max_iters=c.curvature.max_iters, tol=c.curvature.tol,
+                                      mode=c.curvature.probe, seed=tr.cfg.seed)
+            self.probe_gen = torch.Generator().manual_seed(tr.cfg.seed + 17)
+        self.promote = [False] * self.L
+        self.lam = [0.0] * self.L
+
+        self.batch = None
+        self.budget_bytes = None
+        if c.batch.enabled:
+            self.budget_bytes = self._budget(tr)
+            if self.budget_bytes is None:
+                self.log("[batch] no memory budget on this device (set triaccel.batch.budget_gb): "
+                         "memory-elastic batch is off")
+            else:
+                self.batch = BatchController(c.batch, tr.batch_size, tr.micro_batch, self.budget_bytes)
+                self.log(f"[batch] budget {self.budget_bytes / GiB:.3f} GiB ({tr.meter.source}), "
+                         f"mode {c.batch.mode}, B0 {tr.batch_size}")
+        self.initial_batch = tr.batch_size
+
+    def _budget(self, tr) -> float | None:
+        b = self.cfg.batch
+        if b.budget_gb is not None:
+            return b.budget_gb * GiB
+        cap = tr.meter.capacity_bytes()
+        if cap is None:
+            return None
+        if tr.cfg.memory_limit_fraction:
+            cap *= tr.cfg.memory_limit_fraction
+        return cap * b.budget_fraction
+
+    # ------------------------------------------------------------------ every step
+    def on_grads_ready(self, tr, n_examples):
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.tensors]
+        st = grad_stats(grads, backend=self.kernel_backend)  # [T, 3]: one launch on CUDA
+        per = torch.zeros(self.n_groups, 3, device=st.device).index_add_(0, self.tensor_group, st)
+        mean = per[:, 0] / self.group_numel
+        var = (per[:, 1] / self.group_numel - mean * mean).clamp_min_(0)
+        beta = self.cfg.precision.beta
+        if self.ema_ready:
+            self.ema.mul_(beta).add_(var, alpha=1 - beta)
+        else:
+            self.ema.copy_(var)
+            self.ema_ready = True
+        self.nonfinite += per[:, 2]
+        if self.curv is not None and self.cfg.curvature.method == "fisher":
+            self.fisher_acc += fisher_proxy(per[:, 1], n_examples)
+            self.fisher_n += 1
+
+    def on_step_end(self, tr, info):
+        step = info.step
+        if self.curv is not None and self.curv.due(step):
+            self._refresh_curvature(tr)
+        if step % self.cfg.control_every == 0:
+            self._control_window(tr, step)
+
+    def on_oom(self, tr, micro_batch):
+        if self.batch is not None:
+            self.batch.on_oom(micro_batch)
+            if self.cfg.batch.mode == "paper":
+                tr.batch_size = self.batch.batch
+                tr.batch_lr_factor = self.batch.lr_factor(self.initial_batch)
+
+    # ------------------------------------------------------------------ curvature
+    def _refresh_curvature(self, tr):
+        c = self.cfg.curvature
+        if c.method == "fisher":
+            if self.fisher_n == 0:
+                return
+            lam = (self.fisher_acc / self.fisher_n).tolist()[:self.L]
+            self.fisher_acc.zero_()
+            self.fisher_n = 0
+            eigs = [[x] for x in lam]
+        else:
+            n = len(tr.train_data)
+            idx = torch.randperm(n, generator=self.probe_gen)[:c.batch]  # never the sampler's examples
+            x, y = tr.train_data.batch(idx, train=False)
+
+            def loss_fn():
+                return F.cross_entropy(tr.model(x).float(), y)
+
+            with tr.precision.force(torch.float32):
+                eigs = self.probe.estimate(loss_fn)
+        dec = self.curv.update(eigs)
+        self.lam = list(dec.lam)
+        self.promote = list(dec.promote)
+        for i, s in enumerate(dec.lr_scale):
+            tr.lr_scales[i] = s
+
+    # ------------------------------------------------------------------ control window
+    def _control_window(self, tr, step):
+        self.window += 1
+        var = self.ema.tolist()  # the one host read of the window
+        overflow = (self.nonfinite > 0).tolist()
+        self.nonfinite.zero_()
+        row = {"window": self.window, "step": step, "epoch": tr.epoch + 1}
+        if self.prec is not None:
+            dec = self.prec.update(var[:self.L], self.window, curvature=self.lam if self.curv else None,
+                                   overflow=overflow[:self.L])
+            for name, lvl in zip(self.names, dec.levels):
+                tr.precision.set(name, lvl)
+            row["precision_changed"] = dec.changed
+        peak = tr.meter.window_peak_bytes()
+        row["peak_mem_gib"] = peak / GiB
+        if self.batch is not None:
+            pressure = False
+            if self.shared_trials > 1:
+                used = device_used_fraction(tr.device)
+                pressure = used is not None and used > self.cfg.batch.rho_high
+            bd = self.batch.update(peak, device_pressure=pressure)
+            tr.batch_size = bd.batch
+            tr.micro_batch = bd.micro_batch
+            tr.batch_lr_factor = self.batch.lr_factor(self.initial_batch)
+            row.update(batch_action=bd.action, usage_frac=bd.usage_frac)
+        row.update(batch_size=tr.batch_size, micro_batch=tr.micro_batch, lr_factor=tr.batch_lr_factor,
+                   levels=tr.precision.levels(), variance=var[:self.L], lam=list(self.lam),
+                   lr_scale=list(tr.lr_scales[:self.L]))
+        self.trajectory.append(row)
+
+    # ------------------------------------------------------------------ reporting
+    def summary(self) -> dict:
+        if not self.trajectory:
+            return {}
+        last = self.trajectory[-1]
+        lv = last["levels"]
+        return {"ctrl_windows": len(self.trajectory), "ctrl_batch_size": last["batch_size"],
+                "ctrl_fp16_layers": lv.count("fp16"), "ctrl_bf16_layers": lv.count("bf16"),
+                "ctrl_fp32_layers": lv.count("fp32"),
+                "ctrl_lr_scale_min": min(last["lr_scale"]) if last["lr_scale"] else 1.0}
+
+    def on_epoch_end(self, tr, metrics):
+        metrics.update(self.summary())
+
+    def write_artifacts(self, folder: Path) -> list[Path]:
+        from triaccel.report import write_trajectory
+
+        return write_trajectory(self.trajectory, self.names, Path(folder))
+
+    def log_artifacts(self, client, run_id):
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            for p in self.write_artifacts(Path(d)):
+                client.log_artifact(run_id, str(p), "triaccel")
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        return {"window": self.window, "trajectory": self.trajectory, "ema": self.ema.cpu(),
+                "ema_ready": self.ema_ready, "lam": self.lam, "promote": self.promote,
+                "prec": self.prec.state_dict() if self.prec else None,
+                "curv": self.curv.state_dict() if self.curv else None,
+                "batch": self.batch.state_dict() if self.batch else None,
+                "probe": self.probe.state_dict() if self.probe else None}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.window, self.trajectory = s["window"], list(s["trajectory"])
+        self.ema.copy_(s["ema"].to(self.ema.device))
+        self.ema_ready, self.lam, self.promote = s["ema_ready"], list(s["lam"]), list(s["promote"])
+        for obj, key in ((self.prec, "prec"), (self.curv, "curv"), (self.batch, "batch"), (self.probe, "probe")):
+            if obj is not None and s.get(key) is not None:
+                obj.load_state_dict(s[key])
+
