@@ -108,8 +108,8 @@ class CurvatureConfig:
     top_k: int = 5  # paper: k = 5
     every: int = 200  # T_curv, optimizer steps between refreshes (paper: 200)
     batch: int = 32  # b_curv (paper: 32)
-    max_iters: int = 20  # power-iteration cap per eigenvalue
-    tol: float = 1e-3  # relative change of lambda that stops the iteration
+    max_iters: int = 8  # iteration cap per refresh (warm-started from the last refresh)
+    tol: float = 1e-2  # relative change of every lambda that stops the iteration
     ema: float = 0.5  # smoothing of lambda across refreshes
 
     def __post_init__(self):
@@ -177,7 +177,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     mode: Literal["fp32", "amp", "triaccel"] = "fp32"
-    amp_dtype: Literal["bf16", "fp16"] = "bf16"  # amp mode (static); triaccel's default level
+    amp_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"  # amp mode (static); triaccel's initial level
     epochs: int = 10
     batch_size: int = 96  # examples per optimizer update (initial, in triaccel paper mode)
     accum_steps: int = 1  # micro-batches per update; the micro-batch is batch_size / accum_steps
@@ -198,6 +198,7 @@ class TrainConfig:
         _check(self.accum_steps >= 1, "accum_steps", f"must be >= 1, got {self.accum_steps}")
         _check(self.accum_steps <= self.batch_size, "accum_steps", "must be <= batch_size")
         _check(self.eval_batch_size >= 1, "eval_batch_size", "must be >= 1")
+        _check(self.mode != "amp" or self.amp_dtype != "fp32", "amp_dtype", "amp mode needs bf16 or fp16")
         _check(self.memory_limit_fraction is None or 0 < self.memory_limit_fraction <= 1,
                "memory_limit_fraction", "must be in (0, 1]")
         _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),

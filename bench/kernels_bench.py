@@ -1,0 +1,115 @@
+"""Gradient statistics and fused optimizer kernels against the torch paths, on the GPU.
+
+    python3 bench/kernels_bench.py --out bench/results/h200_kernels.json
+
+Tensors: ResNet-18's 62 parameter tensors (11.2 M values) and the same 62 tensors at 10x
+the size (112 M values). Times are medians of CUDA-event timings (triton.testing.do_bench:
+warm-up, L2 flushed between repeats). Bandwidth counts the bytes each operation must move.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import write  # noqa: E402
+
+from triaccel.kernels.fused_optim import FusedAdamW, FusedSGD  # noqa: E402
+from triaccel.kernels.grad_stats import grad_stats_triton  # noqa: E402
+from triaccel.models import ResNet18Cifar  # noqa: E402
+
+
+def timeit(fn) -> float:
+    """Median microseconds."""
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
+
+
+def tensors(scale: int, dev) -> list[torch.Tensor]:
+    shapes = [p.shape for p in ResNet18Cifar(10, 3).parameters()]
+    g = torch.Generator(device=dev).manual_seed(0)
+    return [torch.randn(s.numel() * scale, device=dev, generator=g) for s in shapes]
+
+
+def bench_stats(ts) -> dict:
+    n = sum(t.numel() for t in ts)
+    nbytes = 4 * n
+    flat = torch.empty(n, device=ts[0].device)
+    out = {"n_tensors": len(ts), "n_values": n}
+    out["loop_var_mean_us"] = timeit(lambda: [torch.var_mean(t) for t in ts])
+    out["foreach_norm_us"] = timeit(lambda: torch._foreach_norm(ts))
+    out["triton_us"] = timeit(lambda: grad_stats_triton(ts))
+    out["copy_us"] = timeit(lambda: flat.clone())
+    out["copy_TBps"] = 2 * nbytes / out["copy_us"] / 1e6  # read + write
+    out["triton_TBps"] = nbytes / out["triton_us"] / 1e6  # read once
+    out["triton_vs_foreach_x"] = out["foreach_norm_us"] / out["triton_us"]
+    out["triton_frac_of_copy_bw"] = out["triton_TBps"] / out["copy_TBps"]
+    return out
+
+
+def bench_optim(ts, kind: str) -> dict:
+    dev = ts[0].device
+    ps = [t.clone().requires_grad_() for t in ts]
+    for p in ps:
+        p.grad = torch.randn_like(p) * 1e3  # "scaled" gradients
+    groups = [{"params": [p], "lr": 0.1 / (1 + i)} for i, p in enumerate(ps)]  # one group per layer
+    scale = torch.full((), 1024.0, device=dev)
+    inv = torch.full((), 1.0, device=dev)  # same traffic as a real unscale; keeps magnitudes fixed across repeats
+    found = torch.zeros((), device=dev)
+    grads = [p.grad for p in ps]
+    n = sum(p.numel() for p in ps)
+    if kind == "sgd":
+        ref = torch.optim.SGD(groups, lr=0.1, momentum=0.9, weight_decay=5e-4, foreach=True)
+        fused = FusedSGD([{"params": [p], "lr": g["lr"]} for p, g in zip(ps, groups)], lr=0.1, momentum=0.9,
+                         weight_decay=5e-4, backend="triton")
+        bytes_per = 5 * 4  # read p, g, m; write p, m
+    else:
+        ref = torch.optim.AdamW(groups, lr=1e-3, weight_decay=1e-2, fused=True)
+        fused = FusedAdamW([{"params": [p], "lr": g["lr"]} for p, g in zip(ps, groups)], lr=1e-3,
+                           weight_decay=1e-2, backend="triton")
+        bytes_per = 7 * 4  # read p, g, m, v; write p, m, v
+
+    def torch_path():
+        # what a GradScaler does beside a torch optimizer: unscale + inf check, then the step
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
+        ref.step()
+
+    def fused_path():
+        fused.grad_scale, fused.found_inf = scale, found
+        fused.step()
+
+    ref.step()
+    fused_path()  # allocate state
+    out = {"n_values": n, "param_groups": len(groups)}
+    out["torch_us"] = timeit(torch_path)
+    out["fused_us"] = timeit(fused_path)
+    out["speedup_x"] = out["torch_us"] / out["fused_us"]
+    out["fused_TBps"] = bytes_per * n / out["fused_us"] / 1e6
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    res = {}
+    for scale in (1, 10):
+        ts = tensors(scale, dev)
+        key = "resnet18" if scale == 1 else "resnet18_x10"
+        res[key] = {"stats": bench_stats(ts), "sgd": bench_optim(ts, "sgd"), "adamw": bench_optim(ts, "adamw")}
+        print(key, res[key], flush=True)
+        del ts
+        torch.cuda.empty_cache()
+    for k in res:
+        res[k]["sgd"]["fused_frac_of_copy_bw"] = res[k]["sgd"]["fused_TBps"] / res[k]["stats"]["copy_TBps"]
+        res[k]["adamw"]["fused_frac_of_copy_bw"] = res[k]["adamw"]["fused_TBps"] / res[k]["stats"]["copy_TBps"]
+    write(args.out, {"what": "kernels vs torch paths; medians of CUDA-event timings", "results": res})
+
+
+if __name__ == "__main__":
+    main()
