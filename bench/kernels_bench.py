@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write  # noqa: E402
 
 from triaccel.kernels.fused_optim import FusedAdamW, FusedSGD  # noqa: E402
-from triaccel.kernels.grad_stats import grad_stats_triton  # noqa: E402
+from triaccel.kernels.stats import grad_stats_triton  # noqa: E402
 from triaccel.models import ResNet18Cifar  # noqa: E402
 
 

@@ -22,7 +22,7 @@ def grad_stats(tensors: list[torch.Tensor], backend: str = "auto") -> torch.Tens
         return torch.zeros(0, 3)
     if backend == "torch" or (backend == "auto" and not triton_usable(tensors[0].device)):
         return grad_stats_ref(tensors)
-    from triaccel.kernels.grad_stats import grad_stats_triton
+    from triaccel.kernels.stats import grad_stats_triton
 
     return grad_stats_triton(tensors)
 

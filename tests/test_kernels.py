@@ -5,7 +5,7 @@ import torch
 from conftest import DEVICES
 from triaccel.kernels import grad_stats_ref
 from triaccel.kernels.fused_optim import FusedAdamW, FusedSGD
-from triaccel.kernels.grad_stats import grad_stats_triton
+from triaccel.kernels.stats import grad_stats_triton
 
 # relative tolerance of the sums per input dtype (inputs are exact in their dtype; fp32 accumulation
 # order differs between one sum and many block partials)
