@@ -42,7 +42,14 @@ def bench_stats(ts) -> dict:
     out = {"n_tensors": len(ts), "n_values": n}
     out["loop_var_mean_us"] = timeit(lambda: [torch.var_mean(t) for t in ts])
     out["foreach_norm_us"] = timeit(lambda: torch._foreach_norm(ts))
-    out["triton_us"] = timeit(lambda: grad_stats_triton(ts))
+    sweep = {}
+    for block, iters, warps in ((4096, 1, 8), (2048, 4, 4), (4096, 4, 8), (2048, 8, 8), (1024, 16, 4), (4096, 8, 8)):
+        sweep[f"B{block}_I{iters}_W{warps}"] = timeit(lambda: grad_stats_triton(ts, block=block, iters=iters,
+                                                                                  num_warps=warps))
+    out["triton_sweep_us"] = sweep
+    out["triton_default_us"] = timeit(lambda: grad_stats_triton(ts))
+    out["triton_best"] = min(sweep, key=sweep.get)
+    out["triton_us"] = min(sweep.values())
     out["copy_us"] = timeit(lambda: flat.clone())
     out["copy_TBps"] = 2 * nbytes / out["copy_us"] / 1e6  # read + write
     out["triton_TBps"] = nbytes / out["triton_us"] / 1e6  # read once

@@ -18,31 +18,39 @@ import triton.language as tl
 
 from triaccel.kernels._table import block_table
 
-BLOCK = 4096
+BLOCK = 4096  # values per load
+ITERS = 4  # loads per program: a program covers BLOCK * ITERS values, then makes 3 atomics
 
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
 @triton.jit
-def _grad_stats_kernel(table_ptr, out_ptr, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+def _grad_stats_kernel(table_ptr, out_ptr, DTYPE: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     row = table_ptr + pid * 5
     ptr = tl.load(row).to(tl.pointer_type(DTYPE))
     start = tl.load(row + 1)
     n = tl.load(row + 2)
     seg = tl.load(row + 3)
-    offs = start + tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    finite = (x == x) & (tl.abs(x) < float("inf"))
-    xf = tl.where(finite, x, 0.0)
-    bad = tl.where(mask & (finite == 0), 1.0, 0.0)
-    tl.atomic_add(out_ptr + seg * 3 + 0, tl.sum(xf, axis=0))
-    tl.atomic_add(out_ptr + seg * 3 + 1, tl.sum(xf * xf, axis=0))
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK], dtype=tl.float32)
+    bad = tl.zeros([BLOCK], dtype=tl.float32)
+    for i in tl.static_range(ITERS):  # unrolled: the loads of all iterations can be in flight together
+        offs = start + i * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        finite = (x == x) & (tl.abs(x) < float("inf"))
+        xf = tl.where(finite, x, 0.0)
+        acc += xf
+        acc2 += xf * xf
+        bad += tl.where(mask & (finite == 0), 1.0, 0.0)
+    tl.atomic_add(out_ptr + seg * 3 + 0, tl.sum(acc, axis=0))
+    tl.atomic_add(out_ptr + seg * 3 + 1, tl.sum(acc2, axis=0))
     tl.atomic_add(out_ptr + seg * 3 + 2, tl.sum(bad, axis=0))
 
 
-def grad_stats_triton(tensors: list[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+def grad_stats_triton(tensors: list[torch.Tensor], out: torch.Tensor | None = None, block: int = BLOCK,
+                      iters: int = ITERS, num_warps: int = 8) -> torch.Tensor:
     """Triton version of ``grad_stats_ref``: float32 [n, 3] of (sum, sumsq, nonfinite)."""
     n = len(tensors)
     dev = tensors[0].device if tensors else torch.device("cpu")
@@ -59,13 +67,12 @@ def grad_stats_triton(tensors: list[torch.Tensor], out: torch.Tensor | None = No
         by_dtype.setdefault(t.dtype, []).append(i)
     for dt, idx in by_dtype.items():
         ts = [tensors[i] for i in idx]
-        table = block_table([ts], BLOCK)
+        table = block_table([ts], block * iters)
         if table.shape[0] == 0:
             continue
-        if len(by_dtype) == 1:
-            _grad_stats_kernel[(table.shape[0],)](table, out, DTYPE=_TL[dt], BLOCK=BLOCK, num_warps=8)
-        else:  # several dtypes: one launch each, then scatter into place
-            part = torch.zeros(len(ts), 3, dtype=torch.float32, device=dev)
-            _grad_stats_kernel[(table.shape[0],)](table, part, DTYPE=_TL[dt], BLOCK=BLOCK, num_warps=8)
-            out[torch.tensor(idx, device=dev)] = part
+        target = out if len(by_dtype) == 1 else torch.zeros(len(ts), 3, dtype=torch.float32, device=dev)
+        _grad_stats_kernel[(table.shape[0],)](table, target, DTYPE=_TL[dt], BLOCK=block, ITERS=iters,
+                                              num_warps=num_warps)
+        if target is not out:  # several dtypes: one launch each, then scatter into place
+            out[torch.tensor(idx, device=dev)] = target
     return out

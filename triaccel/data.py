@@ -288,18 +288,22 @@ class ElasticSampler:
     a sample. The order is a pure function of (seed, epoch), so ``state_dict`` is two integers.
     """
 
-    def __init__(self, n: int, seed: int, shuffle: bool = True):
+    def __init__(self, n: int, seed: int, shuffle: bool = True, device: torch.device | None = None):
         if n <= 0:
             raise DataError("the training split is empty")
         self.n, self.seed, self.shuffle = n, seed, shuffle
+        # The epoch's order is copied to the device once per epoch: taking a batch is then a
+        # slice on the device, not a host-to-device copy that would stall the host every step.
+        self.device = device
         self.epoch, self.pos = 0, 0
         self._perm = self._order(0)
 
     def _order(self, epoch: int) -> torch.Tensor:
         if not self.shuffle:
-            return torch.arange(self.n)
+            return torch.arange(self.n, device=self.device)
         g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
-        return torch.randperm(self.n, generator=g)
+        perm = torch.randperm(self.n, generator=g)
+        return perm.to(self.device) if self.device is not None else perm
 
     def start_epoch(self, epoch: int) -> None:
         self.epoch, self.pos = epoch, 0

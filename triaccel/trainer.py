@@ -83,6 +83,16 @@ class History:
     epochs: list = field(default_factory=list)  # one metrics dict per epoch
 
 
+def run_peak(epoch_peaks: list[float]) -> float:
+    """The run's peak memory: the largest epoch peak after the first epoch.
+
+    The first epoch also holds one-off allocations (cuDNN autotuning workspaces, lazily
+    created optimizer state), reported apart as ``peak_mem_first_epoch_gib``, just as
+    first-step time is reported apart from step time. A one-epoch run uses its only epoch.
+    """
+    return max(epoch_peaks[1:]) if len(epoch_peaks) > 1 else epoch_peaks[0]
+
+
 def resolve_device(spec: str) -> torch.device:
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -145,7 +155,8 @@ class Trainer:
         self.val_data = mk(sp.val, False, 0)
         self.test_data = mk(sp.test, False, 0)
         data_bytes = (torch.cuda.memory_allocated(self.device) - before) if self.device.type == "cuda" else 0
-        self.sampler = ElasticSampler(len(self.train_data), seed=cfg.seed)
+        self.sampler = ElasticSampler(len(self.train_data), seed=cfg.seed,
+                                      device=self.device if dc.device_resident else None)
 
         # ---- model
         self.model = build_model(cfg.model, sp.num_classes, sp.in_channels, sp.image_size).to(self.device)
@@ -245,6 +256,7 @@ class Trainer:
                 self._check_finite(loss_sum)
         sync(self.device)
         epoch_time = time.perf_counter() - t0
+        mem = self.meter.epoch_peaks()  # before evaluation: its larger batches are not training memory
 
         train_loss = float(loss_sum) / max(1, n_seen)
         if not math.isfinite(train_loss):
@@ -256,9 +268,9 @@ class Trainer:
              "micro_batch": self.micro_batch, "lr": self.optimizer.param_groups[0]["lr"],
              "loss_scale": self.scaler.get_scale() if self.scaler.is_enabled() else 1.0,
              "oom_events": self.oom_events}
-        m.update(self.meter.epoch_peaks())
+        m.update(mem)
         times = [e["epoch_time_s"] for e in self.history.epochs] + [epoch_time]
-        peak = max([e["peak_mem_gib"] for e in self.history.epochs] + [m["peak_mem_gib"]])
+        peak = run_peak([e["peak_mem_gib"] for e in self.history.epochs] + [m["peak_mem_gib"]])
         m["epoch_time_last5_s"] = last5_mean(times)
         m["efficiency"] = efficiency_score(val_acc, m["epoch_time_last5_s"], max(peak, 1e-6))
         self.log(f"epoch {m['epoch']:>3}/{self.cfg.epochs}  loss {train_loss:.4f}  val {val_acc:6.2f}%  "
@@ -350,7 +362,7 @@ class Trainer:
         self.model.eval()
         correct = torch.zeros((), device=self.device, dtype=torch.long)
         loss = torch.zeros((), device=self.device)
-        idx_all = torch.arange(len(data))
+        idx_all = torch.arange(len(data), device=data.y.device)
         for idx in idx_all.split(self.cfg.eval_batch_size):
             x, y = data.batch(idx, train=False)
             with self.autocast():
@@ -367,10 +379,11 @@ class Trainer:
         if not eps:
             return {}
         last = eps[-1]
-        peak = max(e["peak_mem_gib"] for e in eps)
+        peak = run_peak([e["peak_mem_gib"] for e in eps])
         t5 = last5_mean([e["epoch_time_s"] for e in eps])
         return {"val_acc": last["val_acc"], "epoch_time_last5_s": t5, "peak_mem_gib": peak,
                 "efficiency": efficiency_score(last["val_acc"], t5, max(peak, 1e-6)),
+                "peak_mem_first_epoch_gib": eps[0]["peak_mem_gib"],
                 "epochs": len(eps), "mem_source": last["mem_source"], "device": str(self.device),
                 "images_per_s_last": last["images_per_s"]}
 
