@@ -1,0 +1,304 @@
+"""Driver-side Tune callbacks: the MLflow writer and the console reporter.
+
+MLflow is written from the driver only: one writer, so concurrent trials never lock the
+sqlite store. One parent run per search, one child run per trial. MLflow itself is the
+source of truth for which trial has which run (tags ``triaccel.search`` and
+``triaccel.trial_id``), so after ``Tuner.restore`` (which unpickles these callbacks as they
+were when the search started) a resumed trial finds its own child run again instead of
+starting a duplicate, and epochs it already logged are not logged twice.
+"""
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from pathlib import Path
+
+from ray.tune import Callback
+
+from triaccel.config import flatten
+from triaccel.tracking import client as make_client
+from triaccel.tracking import ensure_experiment, git_revision, log_metrics, log_params, log_yaml_artifact
+
+TAG_SEARCH, TAG_ROLE, TAG_TRIAL = "triaccel.search", "triaccel.role", "triaccel.trial_id"
+
+
+def failure_reason(trial) -> str:
+    """The last meaningful line of a failed trial's error (e.g. 'Diverged: train loss is nan ...')."""
+    text = ""
+    try:
+        err = trial.get_error()
+        text = str(err) if err is not None else ""
+    except Exception:
+        pass
+    if not text and getattr(trial, "error_file", None):
+        try:
+            text = Path(trial.error_file).read_text()
+        except OSError:
+            pass
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if any(w in ln for w in ("Diverged", "OutOfMemory", "Error", "error")):
+            return ln[:500]
+    return (lines[-1] if lines else "unknown error")[:500]
+
+
+class MLflowSearchCallback(Callback):
+    def __init__(self, tracking_uri: str, experiment: str, search: str, space, shared: int):
+        self.tracking_uri = tracking_uri
+        self.experiment = experiment
+        self.search = search
+        self.space_data = space.raw
+        self.space_source, self.space_sha = space.source, space.sha256
+        self.objective = space.objective
+        self.shared = shared
+        self._reset()
+
+    def _reset(self):
+        self._client = None
+        self._exp_id = None
+        self._parent = None
+        self._runs: dict[str, str] = {}
+        self._last_step: dict[str, int] = {}
+
+    def __getstate__(self):  # pickled into Tune's experiment state: keep no client or cache
+        d = dict(self.__dict__)
+        for k in ("_client", "_exp_id", "_parent", "_runs", "_last_step"):
+            d[k] = {} if k in ("_runs", "_last_step") else None
+        return d
+
+    @property
+    def space(self):
+        from triaccel.search.space import parse_space
+
+        return parse_space(self.space_data, source=self.space_source, sha256=self.space_sha)
+
+    @property
+    def client(self):
+        if self._client is None:
+            self._client = make_client(self.tracking_uri)
+            self._exp_id = ensure_experiment(self._client, self.experiment)
+        return self._client
+
+    # ------------------------------------------------------------------ runs
+    def parent_run_id(self) -> str:
+        if self._parent is None:
+            c = self.client
+            found = c.search_runs([self._exp_id], filter_string=f"tags.`{TAG_SEARCH}` = '{self.search}' and "
+                                                               f"tags.`{TAG_ROLE}` = 'parent'", max_results=1)
+            if found:
+                self._parent = found[0].info.run_id
+                c.update_run(self._parent, status="RUNNING")
+            else:
+                run = c.create_run(self._exp_id, run_name=self.search, tags={
+                    TAG_SEARCH: self.search, TAG_ROLE: "parent", "git_revision": git_revision(),
+                    "space_file": self.space_source, "space_sha256": self.space_sha, "objective": self.objective,
+                    "shared_trials": str(self.shared)})
+                self._parent = run.info.run_id
+                log_yaml_artifact(c, self._parent, self.space_data, "space.yaml")
+        return self._parent
+
+    def child_run_id(self, trial) -> str:
+        tid = trial.trial_id
+        if tid in self._runs:
+            return self._runs[tid]
+        c, parent = self.client, self.parent_run_id()
+        found = c.search_runs([self._exp_id], filter_string=f"tags.`{TAG_SEARCH}` = '{self.search}' and "
+                                                           f"tags.`{TAG_TRIAL}` = '{tid}'", max_results=1)
+        if found:  # a resumed trial keeps its run
+            rid = found[0].info.run_id
+            hist = c.get_metric_history(rid, "val_acc")
+            self._last_step[tid] = max((m.step for m in hist), default=0)
+            c.update_run(rid, status="RUNNING")
+        else:
+            values = self.space.resolve(trial.config)
+            run = c.create_run(self._exp_id, run_name=f"{self.search}-{tid}", tags={
+                "mlflow.parentRunId": parent, TAG_SEARCH: self.search, TAG_ROLE: "trial", TAG_TRIAL: tid,
+                "triaccel.values": json.dumps(values), "shared_trials": str(self.shared),
+                "git_revision": git_revision()})
+            rid = run.info.run_id
+            train = self.space.train_dict(values)
+            params = {k: v for k, v in flatten(train).items()}
+            params.update({f"search.{k}": v for k, v in values.items()})
+            log_params(c, rid, params)
+            self._last_step[tid] = 0
+        self._runs[tid] = rid
+        return rid
+
+    # ------------------------------------------------------------------ Tune hooks
+    def setup(self, **info):
+        self.parent_run_id()
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.child_run_id(trial)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        rid = self.child_run_id(trial)
+        step = int(result.get("training_iteration", 0))
+        if step <= self._last_step.get(trial.trial_id, 0):
+            return  # logged before a crash: the resumed trial does not log it twice
+        metrics = {k: v for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+                   and k not in ("training_iteration", "timestamp", "time_this_iter_s", "time_total_s", "pid",
+                                 "time_since_restore", "iterations_since_restore", "done")}
+        log_metrics(self.client, rid, metrics, step=step)
+        self._last_step[trial.trial_id] = step
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        rid = self.child_run_id(trial)
+        self._log_checkpoint_artifacts(trial, rid)
+        self.client.set_terminated(rid, status="FINISHED")
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        rid = self.child_run_id(trial)
+        self.client.set_tag(rid, "failure_reason", failure_reason(trial))
+        self.client.set_terminated(rid, status="FAILED")
+
+    def on_experiment_end(self, trials, **info):
+        self.summarise()
+        self.client.set_terminated(self.parent_run_id(), status="FINISHED")
+
+    def _log_checkpoint_artifacts(self, trial, rid):
+        ck = getattr(trial, "checkpoint", None)
+        path = getattr(ck, "path", None) if ck is not None else None
+        if not path or not Path(path).is_dir():
+            return
+        for name in ("config.yaml",):
+            if (Path(path) / name).is_file():
+                self.client.log_artifact(rid, str(Path(path) / name))
+        if (Path(path) / "triaccel").is_dir():
+            for f in sorted((Path(path) / "triaccel").iterdir()):
+                self.client.log_artifact(rid, str(f), "triaccel")
+
+    # ------------------------------------------------------------------ parent summary
+    def summarise(self) -> dict:
+        from triaccel.search.results import pareto_front, trial_table
+
+        c, parent = self.client, self.parent_run_id()
+        rows = trial_table(c, self._exp_id, self.search)
+        done = [r for r in rows if r["status"] == "FINISHED" and r["metrics"].get("efficiency") is not None]
+        summary = {"trials": len(rows), "finished": len(done),
+                   "failed": sum(r["status"] == "FAILED" for r in rows)}
+        log_metrics(c, parent, {"trials_finished": len(done), "trials_failed": summary["failed"]}, step=len(rows))
+        if not done:
+            return summary
+        best = max(done, key=lambda r: r["metrics"]["efficiency"])
+        c.set_tag(parent, "best_run_id", best["run_id"])
+        log_metrics(c, parent, {"best_efficiency": best["metrics"]["efficiency"],
+                                "best_val_acc": best["metrics"].get("val_acc", math.nan)}, step=len(rows))
+        log_yaml_artifact(c, parent, {"run_id": best["run_id"], "values": best["values"],
+                                      "metrics": best["metrics"]}, "best_config.yaml")
+        imp = self._importances(done)
+        if imp:
+            log_yaml_artifact(c, parent, imp, "param_importances.yaml")
+            for k, v in imp.get("efficiency", {}).items():
+                log_metrics(c, parent, {f"importance.{k}": v}, step=len(rows))
+        with tempfile.TemporaryDirectory() as d:
+            p = self._plot(done, Path(d), pareto_front(done) if self.objective == "pareto" else None)
+            if p:
+                c.log_artifact(parent, str(p))
+        summary["best"] = best
+        return summary
+
+    def _importances(self, done) -> dict:
+        """Parameter importances from Optuna, over the finished trials (PED-ANOVA/fANOVA default)."""
+        if len(done) < 3:
+            return {}
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        space = self.space
+        dists = {}
+        for k, p in space.params.items():
+            d = space.optuna_distributions().get(k) or optuna.distributions.FloatDistribution(p.low, p.high,
+                                                                                              log=p.distribution == "loguniform")
+            dists[k] = d
+        out = {}
+        for target in ("efficiency", "val_acc"):
+            study = optuna.create_study(direction="maximize")
+            for r in done:
+                if target not in r["metrics"]:
+                    continue
+                try:
+                    study.add_trial(optuna.trial.create_trial(params={k: r["values"][k] for k in dists},
+                                                              distributions=dists, value=r["metrics"][target]))
+                except Exception:
+                    continue
+            try:
+                out[target] = {k: float(v) for k, v in optuna.importance.get_param_importances(study).items()}
+            except Exception:
+                pass
+        return out
+
+    def _plot(self, done, folder: Path, front):
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        keys = list(self.space.params)
+        if front is not None:
+            fig, ax = plt.subplots(figsize=(6, 4.5))
+            t = [r["metrics"].get("epoch_time_last5_s", math.nan) for r in done]
+            a = [r["metrics"].get("val_acc", math.nan) for r in done]
+            m = [r["metrics"].get("peak_mem_gib", math.nan) for r in done]
+            sc = ax.scatter(t, a, c=m, cmap="viridis")
+            ids = {r["run_id"] for r in front}
+            ax.scatter([x for x, r in zip(t, done) if r["run_id"] in ids],
+                       [y for y, r in zip(a, done) if r["run_id"] in ids], facecolors="none", edgecolors="red", s=120,
+                       label="Pareto front")
+            fig.colorbar(sc, label="peak memory (GiB)")
+            ax.set_xlabel("epoch time, last 5 (s)")
+            ax.set_ylabel("validation accuracy (%)")
+            ax.legend()
+            p = folder / "pareto_front.png"
+        else:
+            n = len(keys)
+            cols = min(4, n)
+            rows = math.ceil(n / cols)
+            fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False)
+            eff = [r["metrics"]["efficiency"] for r in done]
+            for ax, k in zip(axes.flat, keys):
+                ax.scatter([r["values"][k] for r in done], eff, s=14)
+                if self.space.params[k].distribution == "loguniform":
+                    ax.set_xscale("log")
+                ax.set_xlabel(k.split(".")[-1], fontsize=8)
+                ax.set_ylabel("efficiency", fontsize=8)
+            for ax in list(axes.flat)[n:]:
+                ax.axis("off")
+            fig.suptitle(f"search {self.search}: efficiency score vs each parameter")
+            p = folder / "trials_vs_params.png"
+        fig.tight_layout()
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        return p
+
+
+class ConsoleReporter(Callback):
+    """One line per finished or failed trial, instead of Tune's pages of tables."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.done = 0
+
+    def __getstate__(self):
+        return dict(self.__dict__)
+
+    def _values(self, trial, space) -> str:
+        try:
+            vals = space.resolve(trial.config)
+        except Exception:
+            return ""
+        return "  ".join(f"{k.split('.')[-1]}={v:.3g}" if isinstance(v, float) else f"{k.split('.')[-1]}={v}"
+                         for k, v in vals.items())
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.done += 1
+        r = trial.last_result or {}
+        print(f"trial {self.done:>3}/{self.total} {trial.trial_id}  done   epochs {int(r.get('training_iteration', 0))}  "
+              f"eff {r.get('efficiency', float('nan')):10.2f}  val {r.get('val_acc', float('nan')):6.2f}%  "
+              f"{r.get('epoch_time_last5_s', float('nan')):6.2f}s/epoch  {r.get('peak_mem_gib', float('nan')):.3f} GiB",
+              flush=True)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self.done += 1
+        print(f"trial {self.done:>3}/{self.total} {trial.trial_id}  FAILED {failure_reason(trial)}", flush=True)

@@ -1,0 +1,98 @@
+"""`triaccel search | resume | export | searches | ui`: thin shells over triaccel.search.runner.
+
+Heavy imports (Ray, Optuna, MLflow) happen inside the commands, so `triaccel --help` is fast.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+
+def cmd_search(args) -> int:
+    from triaccel.search.runner import run_search
+
+    run_search(args.space, name=args.name, trials=args.trials, concurrency=args.concurrency,
+               gpus_per_trial=args.gpus_per_trial, address=args.address, confirm=args.confirm)
+    return 0
+
+
+def cmd_resume(args) -> int:
+    from triaccel.search.runner import resume_search
+
+    resume_search(args.name, address=args.address, confirm=args.confirm)
+    return 0
+
+
+def cmd_export(args) -> int:
+    from triaccel.search.runner import export
+
+    p = export(args.name, args.out, args.pick)
+    print(f"wrote {p}: train with `triaccel train --config {p}`")
+    return 0
+
+
+def cmd_searches(args) -> int:
+    from triaccel.search.runner import list_searches, tune_root
+
+    rows = list_searches()
+    if not rows:
+        print(f"no searches under {tune_root()}")
+        return 0
+    print(f"{'name':<24} {'space':<34} {'created':<20} {'done':>5} {'failed':>6} {'best eff':>10}")
+    for r in rows:
+        best = f"{r['best']:.2f}" if r.get("best") is not None else "-"
+        done = f"{r.get('finished', '?')}/{r.get('trials', '?')}"
+        print(f"{r['name']:<24} {str(r['space'])[-34:]:<34} {r['created']:<20} {done:>5} {r.get('failed', '?'):>6} "
+              f"{best:>10}")
+    return 0
+
+
+def cmd_ui(args) -> int:
+    from triaccel.tracking import tracking_uri
+
+    uri = tracking_uri(None)
+    if not uri.startswith("sqlite:") and not uri.startswith("postgresql") and not uri.startswith("mysql"):
+        print(f"triaccel: error: the UI needs a database store; MLFLOW_TRACKING_URI is {uri}", file=sys.stderr)
+        return 2
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.allow_remote:
+        print(f"triaccel: error: --host {args.host} exposes the UI beyond this machine; add --allow-remote "
+              f"to mean it", file=sys.stderr)
+        return 2
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", args.host,
+           "--port", str(args.port), "--workers", "1"]
+    print(f"MLflow UI for {uri} at http://{args.host}:{args.port}  (Ctrl-C stops it)", flush=True)
+    os.execv(sys.executable, cmd)
+
+
+def add_commands(sub) -> None:
+    s = sub.add_parser("search", help="search Tri-Accel thresholds with Ray Tune + Optuna")
+    s.add_argument("--space", required=True, help="space YAML (spaces/*.yaml), or a shipped space's name")
+    s.add_argument("--trials", type=int, help="number of trials (overrides the space)")
+    s.add_argument("--name", help="search name (default: the space's name); state in mlruns/tune/NAME")
+    s.add_argument("--concurrency", type=int, help="trials at once (overrides the space)")
+    s.add_argument("--gpus-per-trial", type=float, help="fraction of a GPU per trial (overrides the space)")
+    s.add_argument("--address", help="join an existing Ray cluster (e.g. ray://head:10001 or auto)")
+    s.add_argument("--confirm", type=int, default=0, metavar="K",
+                   help="re-run the top K configurations alone before export (undistorted by sharing)")
+    s.set_defaults(func=cmd_search)
+
+    r = sub.add_parser("resume", help="continue an interrupted search")
+    r.add_argument("name")
+    r.add_argument("--address")
+    r.add_argument("--confirm", type=int, default=0, metavar="K")
+    r.set_defaults(func=cmd_resume)
+
+    e = sub.add_parser("export", help="write the tuned config of a search as a training YAML")
+    e.add_argument("name")
+    e.add_argument("--out", required=True)
+    e.add_argument("--pick", default="best", help="best (default) or pareto-N (entry N of the Pareto front)")
+    e.set_defaults(func=cmd_export)
+
+    ls = sub.add_parser("searches", help="list past searches")
+    ls.set_defaults(func=cmd_searches)
+
+    u = sub.add_parser("ui", help="serve the MLflow UI on 127.0.0.1")
+    u.add_argument("--port", type=int, default=5000)
+    u.add_argument("--host", default="127.0.0.1")
+    u.add_argument("--allow-remote", action="store_true", help="allow a --host other than loopback")
+    u.set_defaults(func=cmd_ui)

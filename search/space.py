@@ -1,0 +1,304 @@
+"""Search spaces: one schema, defined once, validated before Ray starts.
+
+A space file (``spaces/*.yaml``)::
+
+    name: quickstart              # default search name
+    objective: efficiency         # efficiency (the paper's score, maximised) | pareto
+    trials: 12                    # Optuna trials
+    concurrency: 2                # trials at once
+    gpus_per_trial: 0.25          # fraction of a GPU per trial (ignored without CUDA)
+    scheduler: asha               # asha (early stopping) | none
+    sampler: tpe                  # tpe | random
+    seed: 0
+    train: {...}                  # the fixed training settings: any TrainConfig keys
+    params:                       # the searched keys (dotted TrainConfig paths)
+      triaccel.precision.tau_low:  {distribution: loguniform, low: 1.0e-9, high: 1.0e-5}
+      triaccel.precision.tau_high: {distribution: loguniform, low: 1.0e-7, high: 1.0e-2,
+                                    above: triaccel.precision.tau_low}
+
+Distributions and their bounds (all bounds inclusive):
+- ``uniform``: low <= x <= high;
+- ``loguniform``: 0 < low <= x <= high, uniform in log x;
+- ``int``: integers low, low+step, ... <= high;
+- ``categorical``: one of ``choices``.
+
+Ordered pairs (tau_low < tau_high, rho_low < rho_high) hold by construction, not by
+rejection: a parameter with ``above: OTHER`` is sampled as a position u in [0, 1] within the
+part of its range above OTHER's value, ``x = lo' + u (high - lo')`` with
+``lo' = max(low, OTHER * (1 + 1e-6))`` (in log space for loguniform). Optuna sees a fixed
+box (OTHER and u), so TPE's multivariate model works unchanged. Every error is one line
+naming the file and the key.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from triaccel.config import TrainConfig, from_dict, read_yaml, set_dotted
+from triaccel.errors import ConfigError
+
+DISTRIBUTIONS = ("uniform", "loguniform", "int", "categorical")
+TOP_KEYS = {"name", "objective", "trials", "concurrency", "gpus_per_trial", "cpus_per_trial", "scheduler",
+            "sampler", "seed", "grace_period", "train", "params", "description"}
+PARAM_KEYS = {"distribution", "low", "high", "step", "choices", "above"}
+FRAC_SUFFIX = "@frac"  # Optuna's name for the position of an `above` parameter within its feasible range
+EPS = 1e-6
+
+
+@dataclass
+class Param:
+    key: str
+    distribution: str
+    low: float | None = None
+    high: float | None = None
+    step: int | None = None
+    choices: list | None = None
+    above: str | None = None
+
+
+@dataclass
+class SearchSpace:
+    name: str
+    train: dict
+    params: dict[str, Param]
+    objective: str = "efficiency"
+    trials: int = 12
+    concurrency: int = 2
+    gpus_per_trial: float = 0.25
+    cpus_per_trial: float = 1.0
+    scheduler: str = "asha"
+    sampler: str = "tpe"
+    seed: int = 0
+    grace_period: int = 1
+    source: str = "<dict>"
+    sha256: str = ""
+    raw: dict = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ Optuna
+    def optuna_distributions(self) -> dict:
+        import optuna.distributions as od
+
+        out = {}
+        for k, p in self.params.items():
+            if p.above:
+                out[k + FRAC_SUFFIX] = od.FloatDistribution(0.0, 1.0)
+            elif p.distribution == "uniform":
+                out[k] = od.FloatDistribution(p.low, p.high)
+            elif p.distribution == "loguniform":
+                out[k] = od.FloatDistribution(p.low, p.high, log=True)
+            elif p.distribution == "int":
+                out[k] = od.IntDistribution(int(p.low), int(p.high), step=p.step or 1)
+            else:
+                out[k] = od.CategoricalDistribution(p.choices)
+        return out
+
+    def resolve(self, sampled: dict) -> dict:
+        """Optuna's sample (with @frac positions) -> the real value of every searched key."""
+        out = {}
+        for k, p in self._ordered():
+            if not p.above:
+                out[k] = sampled[k]
+                continue
+            u = float(sampled[k + FRAC_SUFFIX])
+            other = float(out[p.above])
+            lo = max(p.low, other * (1 + EPS) if other > 0 else other + EPS)
+            if p.distribution == "loguniform":
+                out[k] = math.exp(math.log(lo) + u * (math.log(p.high) - math.log(lo)))
+            else:
+                out[k] = lo + u * (p.high - lo)
+            out[k] = min(out[k], p.high)
+        return out
+
+    def _ordered(self):
+        done, order = set(), []
+        pending = dict(self.params)
+        while pending:
+            for k, p in list(pending.items()):
+                if not p.above or p.above in done:
+                    order.append((k, p))
+                    done.add(k)
+                    del pending[k]
+        return order
+
+    def train_dict(self, values: dict) -> dict:
+        d = copy.deepcopy(self.train)
+        for k, v in values.items():
+            set_dotted(d, k, v)
+        return d
+
+    def train_config(self, values: dict) -> TrainConfig:
+        return from_dict(TrainConfig, self.train_dict(values))
+
+    @property
+    def metric(self):
+        return "efficiency" if self.objective == "efficiency" else ["val_acc", "epoch_time_last5_s", "peak_mem_gib"]
+
+    @property
+    def mode(self):
+        return "max" if self.objective == "efficiency" else ["max", "min", "min"]
+
+
+def _err(src: str, key: str, msg: str) -> ConfigError:
+    return ConfigError(f"{src}: {key}: {msg}")
+
+
+def _num(src, key, v, what):
+    if isinstance(v, str):
+        try:
+            v = float(v)
+        except ValueError:
+            pass
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise _err(src, key, f"{what} must be a number, got {v!r}")
+    return v
+
+
+def parse_space(data: dict, source: str = "<dict>", sha256: str = "") -> SearchSpace:
+    src = source
+    if not isinstance(data, dict):
+        raise ConfigError(f"{src}: top level must be a mapping")
+    for k in data:
+        if k not in TOP_KEYS:
+            raise _err(src, k, f"unknown key (valid: {', '.join(sorted(TOP_KEYS))})")
+    for k in ("train", "params"):
+        if k not in data:
+            raise _err(src, k, "missing")
+    train = data["train"] or {}
+    try:
+        base = from_dict(TrainConfig, copy.deepcopy(train))
+    except ConfigError as e:
+        raise ConfigError(f"{src}: train.{e}") from None
+    raw_params = data["params"] or {}
+    if not isinstance(raw_params, dict) or not raw_params:
+        raise _err(src, "params", "must be a non-empty mapping of dotted config keys")
+    params: dict[str, Param] = {}
+    for key, spec in raw_params.items():
+        pk = f"params.{key}"
+        if not isinstance(spec, dict):
+            raise _err(src, pk, "must be a mapping with a distribution")
+        for sk in spec:
+            if sk not in PARAM_KEYS:
+                raise _err(src, f"{pk}.{sk}", f"unknown key (valid: {', '.join(sorted(PARAM_KEYS))})")
+        dist = spec.get("distribution")
+        if dist not in DISTRIBUTIONS:
+            raise _err(src, pk, f"unknown distribution {dist!r} (valid: {', '.join(DISTRIBUTIONS)})")
+        p = Param(key, dist, above=spec.get("above"))
+        if dist == "categorical":
+            ch = spec.get("choices")
+            if not isinstance(ch, list) or not ch:
+                raise _err(src, pk, "categorical needs a non-empty list of choices")
+            p.choices = ch
+        else:
+            if "low" not in spec or "high" not in spec:
+                raise _err(src, pk, "needs low and high (inclusive bounds)")
+            p.low = _num(src, pk, spec["low"], "low")
+            p.high = _num(src, pk, spec["high"], "high")
+            if p.low > p.high:
+                raise _err(src, pk, f"low ({p.low}) > high ({p.high})")
+            if dist == "loguniform" and p.low <= 0:
+                raise _err(src, pk, f"a log range must be above 0, got low={p.low}")
+            if dist == "int":
+                if int(p.low) != p.low or int(p.high) != p.high:
+                    raise _err(src, pk, "int bounds must be integers")
+                p.step = int(spec.get("step", 1))
+                if p.step < 1:
+                    raise _err(src, pk, "step must be >= 1")
+        # the key must be a real config key and every bound a value the config accepts
+        for probe in ([p.low, p.high] if p.choices is None else p.choices):
+            d = copy.deepcopy(train)
+            try:
+                set_dotted(d, key, probe)
+                from_dict(TrainConfig, d)
+            except ConfigError as e:
+                msg = str(e)
+                if "unknown key" in msg:
+                    raise _err(src, pk, f"not a training config key ({msg})") from None
+                if "must be > tau_low" in msg or "rho_high" in msg or "tau_high" in msg:
+                    continue  # ordered pairs are checked below, against the partner's range
+                raise _err(src, pk, f"bound {probe!r} is not a valid value: {msg}") from None
+        params[key] = p
+    for key, p in params.items():
+        if p.above:
+            pk = f"params.{key}.above"
+            if p.above not in params:
+                raise _err(src, pk, f"{p.above!r} is not a searched key")
+            q = params[p.above]
+            if p.distribution not in ("uniform", "loguniform") or q.distribution not in ("uniform", "loguniform"):
+                raise _err(src, pk, "ordered pairs need uniform or loguniform on both sides")
+            if p.high <= q.low:
+                raise _err(src, pk, f"high ({p.high}) must exceed {p.above}'s low ({q.low}): no value can lie above it")
+            if q.above:
+                raise _err(src, pk, "chains of `above` are not supported")
+    # unordered pairs the trainer would reject for some draws
+    for lo_key, hi_key in (("triaccel.precision.tau_low", "triaccel.precision.tau_high"),
+                           ("triaccel.batch.rho_low", "triaccel.batch.rho_high")):
+        if lo_key in params and hi_key in params and params[hi_key].above != lo_key:
+            lo, hi = params[lo_key], params[hi_key]
+            if lo.high is not None and hi.low is not None and hi.low <= lo.high:
+                raise _err(src, f"params.{hi_key}", f"ranges overlap {lo_key}'s: add `above: {lo_key}`")
+
+    def opt(key, typ, default, check=None, why=""):
+        v = data.get(key, default)
+        if typ is float:
+            v = _num(src, key, v, key)
+        elif not isinstance(v, typ) or isinstance(v, bool) and typ is not bool:
+            raise _err(src, key, f"must be {typ.__name__}, got {v!r}")
+        if check and not check(v):
+            raise _err(src, key, why)
+        return v
+
+    space = SearchSpace(
+        name=opt("name", str, Path(source).stem if source != "<dict>" else "search"),
+        train=copy.deepcopy(train), params=params,
+        objective=opt("objective", str, "efficiency", lambda v: v in ("efficiency", "pareto"),
+                      "must be efficiency or pareto"),
+        trials=opt("trials", int, 12, lambda v: v >= 1, "must be >= 1"),
+        concurrency=opt("concurrency", int, 2, lambda v: v >= 1, "must be >= 1"),
+        gpus_per_trial=opt("gpus_per_trial", float, 0.25, lambda v: 0 < v <= 8, "must be in (0, 8]"),
+        cpus_per_trial=opt("cpus_per_trial", float, 1.0, lambda v: v > 0, "must be > 0"),
+        scheduler=opt("scheduler", str, "asha", lambda v: v in ("asha", "none"), "must be asha or none"),
+        sampler=opt("sampler", str, "tpe", lambda v: v in ("tpe", "random"), "must be tpe or random"),
+        seed=opt("seed", int, 0),
+        grace_period=opt("grace_period", int, 1, lambda v: v >= 1, "must be >= 1"),
+        source=source, sha256=sha256, raw=copy.deepcopy(data))
+    if space.grace_period > base.epochs:
+        raise _err(src, "grace_period", f"must be <= train.epochs ({base.epochs})")
+    return space
+
+
+def resolve_space_path(path: str) -> Path:
+    """A file path, or the name of a space shipped with the package (``quickstart``)."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    from importlib import resources
+
+    name = p.name if p.suffix == ".yaml" else p.name + ".yaml"
+    shipped = resources.files("triaccel.spaces") / name
+    if shipped.is_file():
+        return Path(str(shipped))
+    raise ConfigError(f"{path}: no such space file (shipped: {', '.join(shipped_spaces())})")
+
+
+def shipped_spaces() -> list[str]:
+    from importlib import resources
+
+    return sorted(f.name[:-5] for f in resources.files("triaccel.spaces").iterdir() if f.name.endswith(".yaml"))
+
+
+def load_space(path: str) -> SearchSpace:
+    p = resolve_space_path(path)
+    raw = p.read_bytes()
+    data = read_yaml(p)
+    return parse_space(data, source=str(path), sha256=hashlib.sha256(raw).hexdigest())
+
+
+def space_overrides(space: SearchSpace, **kw: Any) -> SearchSpace:
+    for k, v in kw.items():
+        if v is not None:
+            setattr(space, k, v)
+    return space

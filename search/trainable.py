@@ -1,0 +1,72 @@
+"""The Ray Tune function trainable: a thin shell around the Trainer.
+
+Per epoch it reports validation accuracy, epoch time, peak memory, the efficiency score (all
+on the held-out validation split; the test set is never evaluated in a search), a
+controller summary and how many trials shared the GPU, with a checkpoint so a trial resumes
+where it stopped. Inside a Tune function trainable only ``ray.tune.report`` and
+``ray.tune.get_checkpoint`` are used (``ray.train.*`` raises under Train v2).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from triaccel.config import to_dict
+from triaccel.trainer import Callback, Trainer
+
+REPORT_KEYS = ("epoch", "train_loss", "val_acc", "val_loss", "epoch_time_s", "epoch_time_last5_s", "images_per_s",
+               "peak_mem_gib", "efficiency", "batch_size", "micro_batch", "skipped_steps", "oom_events", "lr",
+               "ctrl_windows", "ctrl_fp16_layers", "ctrl_bf16_layers", "ctrl_fp32_layers", "ctrl_lr_scale_min")
+
+
+class TuneReporter(Callback):
+    def __init__(self, loop, shared: int):
+        self.loop = loop
+        self.shared = shared
+
+    def on_epoch_end(self, trainer, metrics):
+        from ray import tune
+
+        out = {k: float(metrics[k]) for k in REPORT_KEYS if k in metrics}
+        out["shared_trials"] = self.shared
+        out["first_epoch_peak_mem_gib"] = trainer.history.epochs[0]["peak_mem_gib"]
+        with tempfile.TemporaryDirectory() as d:
+            trainer.save(Path(d) / "trainer.pt")
+            (Path(d) / "config.yaml").write_text(yaml.safe_dump(to_dict(trainer.cfg), sort_keys=False))
+            if self.loop is not None:
+                self.loop.write_artifacts(Path(d) / "triaccel")
+            tune.report(out, checkpoint=tune.Checkpoint.from_directory(d))
+
+
+def run_trial(config: dict, space_data: dict, shared: int, gpu_fraction: float) -> None:
+    """One trial: ``config`` holds Optuna's sample; the fixed settings come from the space."""
+    import torch
+    from ray import tune
+
+    from triaccel.search.space import parse_space
+
+    space = parse_space(space_data, source=space_data.get("name", "space"))
+    values = space.resolve(config)
+    cfg = space.train_config(values)
+    cfg.tracking.enabled = False  # the driver writes MLflow (one writer for the sqlite store)
+    cfg.evaluate_test = False  # the search selects on the validation split only
+    if torch.cuda.is_available() and gpu_fraction < 1:
+        cfg.memory_limit_fraction = gpu_fraction  # Ray's fractional GPUs are bookkeeping: cap for real
+    torch.set_num_threads(max(1, int(os.environ.get("TRIACCEL_TRIAL_THREADS", "1"))))
+    loop = None
+    callbacks = []
+    if cfg.mode == "triaccel":
+        from triaccel.control import TriAccelLoop
+
+        loop = TriAccelLoop(cfg.triaccel, log=lambda *a: None, shared_trials=shared)
+        callbacks.append(loop)
+    callbacks.append(TuneReporter(loop, shared))
+    trainer = Trainer(cfg, callbacks=callbacks, log=lambda *a: None).setup()
+    ckpt = tune.get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as d:
+            trainer.load(Path(d) / "trainer.pt")
+    trainer.fit()
