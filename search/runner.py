@@ -51,7 +51,6 @@ def _init_ray(address: str | None, quiet: bool = True) -> None:
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")  # experiment state after every event: crash-safe
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     if ray.is_initialized():
         return

@@ -110,7 +110,7 @@ class SearchSpace:
                 out[k] = math.exp(math.log(lo) + u * (math.log(p.high) - math.log(lo)))
             else:
                 out[k] = lo + u * (p.high - lo)
-            out[k] = min(out[k], p.high)
+            out[k] = min(max(out[k], lo), p.high)  # exp(log(x)) may round just outside the bounds
         return out
 
     def _ordered(self):

@@ -1,0 +1,228 @@
+"""The search service as a user runs it: real local Ray, real Optuna, a real sqlite MLflow store.
+
+One search runs once for the module (six trials, two at a time, one lr choice that diverges);
+the tests read it back. A second search is killed with SIGKILL and resumed.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+SPACE = {
+    "name": "t", "objective": "efficiency", "trials": 6, "concurrency": 2, "scheduler": "none",
+    "sampler": "random", "seed": 3,
+    "train": {"mode": "triaccel", "epochs": 3, "batch_size": 64, "device": "cpu",
+              "data": {"name": "digits", "val_fraction": 0.15, "crop_padding": 1},
+              "model": {"name": "small_cnn", "width": 8}, "optim": {"lr": 0.05, "warmup_epochs": 1},
+              "eval_batch_size": 512,
+              "triaccel": {"control_every": 5, "curvature": {"method": "fisher", "every": 10},
+                           "batch": {"budget_gb": 0.004, "min_batch": 16}}},
+    "params": {
+        "triaccel.precision.tau_low": {"distribution": "loguniform", "low": 1e-8, "high": 1e-4},
+        "triaccel.precision.tau_high": {"distribution": "loguniform", "low": 1e-6, "high": 1e-1,
+                                        "above": "triaccel.precision.tau_low"},
+        "triaccel.batch.rho_low": {"distribution": "uniform", "low": 0.3, "high": 0.7},
+        "triaccel.batch.rho_high": {"distribution": "uniform", "low": 0.5, "high": 0.95,
+                                    "above": "triaccel.batch.rho_low"},
+        "optim.lr": {"distribution": "categorical", "choices": [0.05, 1.0e5]},  # 1e5 diverges
+    },
+}
+
+
+def cli(*args, cwd, timeout=600, **kw):
+    env = dict(os.environ, MLFLOW_TRACKING_URI="", TRIACCEL_TUNE_DIR="")
+    env.pop("MLFLOW_TRACKING_URI")
+    env.pop("TRIACCEL_TUNE_DIR")
+    return subprocess.run([sys.executable, "-m", "triaccel.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=env, **kw)
+
+
+def mlflow_client(d):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=f"sqlite:///{d}/mlruns/mlflow.db")
+
+
+def trial_runs(d, name, role="trial"):
+    c = mlflow_client(d)
+    exp = c.get_experiment_by_name("triaccel-search")
+    if exp is None:
+        return c, []
+    return c, c.search_runs([exp.experiment_id], filter_string=f"tags.`triaccel.search` = '{name}' and "
+                                                               f"tags.`triaccel.role` = '{role}'", max_results=1000)
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    d = tmp_path_factory.mktemp("search")
+    (d / "space.yaml").write_text(yaml.safe_dump(SPACE))
+    r = cli("search", "--space", "space.yaml", "--name", "t1", cwd=d)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return d, r
+
+
+def test_console_output_is_one_line_per_trial(searched):
+    d, r = searched
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("trial ")]
+    assert len(lines) == 6
+    assert "search 't1':" in r.stdout and "export the best" in r.stdout
+    assert len(r.stdout.splitlines()) < 40  # a summary, not pages of Tune tables
+
+
+def test_every_metric_of_every_trial_arrives(searched):
+    d, _ = searched
+    c, runs = trial_runs(d, "t1")
+    assert len(runs) == 6 and len({r.data.tags["triaccel.trial_id"] for r in runs}) == 6
+    finished = [r for r in runs if r.info.status == "FINISHED"]
+    assert finished
+    total = 0
+    for r in finished:
+        tid = r.data.tags["triaccel.trial_id"]
+        reported = (d / "mlruns" / "tune" / "t1" / tid / "result.json").read_text().strip().splitlines()
+        for key in ("val_acc", "efficiency", "epoch_time_s", "peak_mem_gib", "batch_size", "shared_trials"):
+            hist = c.get_metric_history(r.info.run_id, key)
+            assert sorted(m.step for m in hist) == list(range(1, len(reported) + 1)), (key, tid)
+            total += len(hist)
+        assert r.data.params["search.triaccel.precision.tau_low"]
+        assert float(r.data.params["search.triaccel.precision.tau_low"]) < float(
+            r.data.params["search.triaccel.precision.tau_high"])
+        arts = {a.path for a in c.list_artifacts(r.info.run_id, "triaccel")}
+        assert "triaccel/trajectory.csv" in arts and "triaccel/precision_heatmap.png" in arts
+    assert total == 6 * sum(1 for _ in finished) * 3  # 6 keys x 3 epochs per finished trial
+
+
+def test_diverging_trial_fails_with_reason_and_search_goes_on(searched):
+    d, _ = searched
+    c, runs = trial_runs(d, "t1")
+    huge = [r for r in runs if json.loads(r.data.tags["triaccel.values"])["optim.lr"] > 1]
+    sane = [r for r in runs if json.loads(r.data.tags["triaccel.values"])["optim.lr"] < 1]
+    assert huge and sane, "the seed should draw both lr choices"
+    for r in huge:
+        assert r.info.status == "FAILED"
+        assert "Diverged" in r.data.tags["failure_reason"]
+        assert (d / "mlruns" / "tune" / "t1" / r.data.tags["triaccel.trial_id"] / "error.txt").is_file()
+    assert all(r.info.status == "FINISHED" for r in sane)
+
+
+def test_parent_run_carries_best_importances_and_plot(searched):
+    d, _ = searched
+    c, parents = trial_runs(d, "t1", role="parent")
+    assert len(parents) == 1
+    p = parents[0]
+    assert p.info.status == "FINISHED" and "best_run_id" in p.data.tags
+    arts = {a.path for a in c.list_artifacts(p.info.run_id)}
+    assert {"best_config.yaml", "space.yaml", "trials_vs_params.png"} <= arts
+    _, runs = trial_runs(d, "t1")
+    best = max((r for r in runs if r.info.status == "FINISHED"), key=lambda r: r.data.metrics["efficiency"])
+    assert p.data.tags["best_run_id"] == best.info.run_id
+
+
+def test_export_trains_as_is_and_reproduces_validation_accuracy(searched):
+    d, _ = searched
+    r = cli("export", "t1", "--out", "tuned.yaml", cwd=d)
+    assert r.returncode == 0, r.stderr
+    data = yaml.safe_load((d / "tuned.yaml").read_text())
+    prov = data["provenance"]
+    assert prov["search"] == "t1" and len(prov["space_sha256"]) == 64 and prov["mlflow_run_id"]
+    r = cli("train", "--config", "tuned.yaml", cwd=d)
+    assert r.returncode == 0, r.stderr[-2000:]
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("val acc")][0]
+    val = float(line.split()[2].rstrip("%"))
+    assert abs(val - prov["metrics"]["val_acc"]) <= 3.0, (val, prov["metrics"]["val_acc"])
+
+
+def test_listing_and_name_collision_lose_nothing(searched):
+    d, _ = searched
+    r = cli("searches", cwd=d)
+    assert r.returncode == 0 and "t1" in r.stdout and "/6" in r.stdout
+    _, before = trial_runs(d, "t1")
+    r = cli("search", "--space", "space.yaml", "--name", "t1", cwd=d)
+    assert r.returncode == 2 and "already exists" in r.stderr and "Traceback" not in r.stderr
+    _, after = trial_runs(d, "t1")
+    assert len(after) == len(before)
+    r = cli("export", "nope", "--out", "x.yaml", cwd=d)
+    assert r.returncode == 2 and "no search named 'nope'" in r.stderr
+
+
+def _searcher_trials(d, name):
+    """Optuna's own trial list, from the searcher state Tune saved beside the experiment."""
+    import pickle
+
+    files = sorted((d / "mlruns" / "tune" / name).glob("searcher-state-*.pkl"), key=os.path.getmtime)
+    assert files, "no searcher state"
+    with open(files[-1], "rb") as f:
+        state = pickle.load(f)
+
+    def find_study(obj, depth=0):
+        if depth > 4:
+            return None
+        if type(obj).__name__ == "Study":
+            return obj
+        items = obj.items() if isinstance(obj, dict) else getattr(obj, "__dict__", {}).items()
+        for _, v in items:
+            s = find_study(v, depth + 1)
+            if s is not None:
+                return s
+        return None
+
+    study = find_study(state)
+    assert study is not None
+    return study.get_trials(deepcopy=False)
+
+
+def test_sigkill_mid_search_then_resume_finishes_without_duplicates(tmp_path):
+    space = dict(SPACE, trials=5, concurrency=1)
+    space["params"] = {k: v for k, v in SPACE["params"].items() if k != "optim.lr"}
+    space["train"] = dict(SPACE["train"], epochs=4)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    env = dict(os.environ)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "k"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    deadline = time.time() + 400
+    finished_before = []
+    while time.time() < deadline:
+        time.sleep(2)
+        try:
+            _, runs = trial_runs(tmp_path, "k")
+        except Exception:
+            continue
+        finished_before = [r for r in runs if r.info.status == "FINISHED"]
+        if len(finished_before) >= 2:
+            break
+    assert len(finished_before) >= 2, "search too slow to reach two finished trials"
+    proc.send_signal(signal.SIGKILL)  # the driver dies with no chance to clean up
+    proc.wait(timeout=30)
+    time.sleep(3)
+    _, runs_at_kill = trial_runs(tmp_path, "k")
+    assert len([r for r in runs_at_kill if r.info.status == "FINISHED"]) < 5, "search ended before the kill"
+    before_end = {r.info.run_id: r.info.end_time for r in finished_before}
+
+    r = cli("resume", "k", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    c, runs = trial_runs(tmp_path, "k")
+    tids = [x.data.tags["triaccel.trial_id"] for x in runs]
+    assert len(runs) == 5 and len(set(tids)) == 5, tids  # no duplicate child runs
+    assert all(x.info.status == "FINISHED" for x in runs)
+    for x in runs:
+        steps = [m.step for m in c.get_metric_history(x.info.run_id, "val_acc")]
+        assert sorted(steps) == [1, 2, 3, 4], (x.data.tags["triaccel.trial_id"], steps)  # none logged twice
+        if x.info.run_id in before_end:  # finished before the kill: not re-run
+            assert x.info.end_time == before_end[x.info.run_id]
+            lines = (tmp_path / "mlruns" / "tune" / "k" / x.data.tags["triaccel.trial_id"] / "result.json").read_text()
+            assert len(lines.strip().splitlines()) == 4
+    trials = _searcher_trials(tmp_path, "k")
+    import optuna
+
+    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(complete) == 5 and len(trials) == 5  # Optuna's history: every trial once
+    assert len({json.dumps(t.params, sort_keys=True) for t in complete}) == 5

@@ -1,0 +1,97 @@
+"""Search spaces: every shipped file loads, bad files are one clear line, constraints hold by construction."""
+import random
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import ROOT
+from triaccel.errors import ConfigError
+from triaccel.search.space import FRAC_SUFFIX, load_space, parse_space
+
+SPACES = sorted((ROOT / "spaces").glob("*.yaml"))
+
+
+def test_the_four_required_spaces_ship():
+    names = {p.stem for p in SPACES}
+    assert {"quickstart", "cifar10_resnet18", "cifar10_efficientnet_b0", "cifar100_resnet18"} <= names
+
+
+@pytest.mark.parametrize("path", SPACES, ids=lambda p: p.name)
+def test_every_shipped_space_loads_and_searches_the_paper_keys(path):
+    s = load_space(str(path))
+    for k in ("triaccel.precision.tau_low", "triaccel.precision.tau_high", "triaccel.curvature.tau_curv",
+              "triaccel.curvature.alpha", "triaccel.batch.rho_low", "triaccel.batch.rho_high",
+              "triaccel.batch.delta_up", "triaccel.batch.delta_down"):
+        assert k in s.params
+
+
+@pytest.mark.parametrize("path", SPACES, ids=lambda p: p.name)
+def test_every_draw_satisfies_the_ordered_pairs(path):
+    """1000 draws from each space's Optuna box: tau_low < tau_high and rho_low < rho_high, inside the bounds."""
+    s = load_space(str(path))
+    rng = random.Random(0)
+    dists = s.optuna_distributions()
+    for _ in range(1000):
+        sample = {}
+        for k, d in dists.items():
+            if hasattr(d, "choices"):
+                sample[k] = rng.choice(d.choices)
+            elif type(d).__name__ == "IntDistribution":
+                sample[k] = rng.randrange(d.low, d.high + 1, d.step)
+            else:
+                sample[k] = rng.choice([d.low, d.high, rng.uniform(d.low, d.high)])
+        v = s.resolve(sample)
+        assert v["triaccel.precision.tau_low"] < v["triaccel.precision.tau_high"]
+        assert v["triaccel.batch.rho_low"] < v["triaccel.batch.rho_high"]
+        for k, p in s.params.items():
+            if p.low is not None:
+                assert p.low <= v[k] <= p.high, (k, v[k])
+        s.train_config(v)  # the trainer accepts every draw
+
+
+def _space(**params):
+    return {"train": {"epochs": 2}, "params": params}
+
+
+@pytest.mark.parametrize("data,match", [
+    ({"train": {}, "params": {"optim.lr": {"distribution": "uniform", "low": 0.1, "high": 0.2}}, "colour": 1},
+     "s.yaml: colour: unknown key"),
+    (_space(**{"optim.lr": {"distribution": "uniform", "low": 0.3, "high": 0.2}}), "params.optim.lr: low (0.3) > high (0.2)"),
+    (_space(**{"optim.lr": {"distribution": "loguniform", "low": 0.0, "high": 0.2}}), "params.optim.lr: a log range must be above 0"),
+    (_space(**{"optim.lr": {"distribution": "gaussian", "low": 0.1, "high": 0.2}}), "params.optim.lr: unknown distribution 'gaussian'"),
+    (_space(**{"optim.lrr": {"distribution": "uniform", "low": 0.1, "high": 0.2}}), "params.optim.lrr: not a training config key"),
+    (_space(**{"triaccel.precision.tau_low": {"distribution": "loguniform", "low": 1e-3, "high": 1e-2},
+               "triaccel.precision.tau_high": {"distribution": "loguniform", "low": 1e-5, "high": 1e-3,
+                                               "above": "triaccel.precision.tau_low"}}),
+     "params.triaccel.precision.tau_high.above: high (0.001) must exceed"),
+    (_space(**{"triaccel.batch.rho_low": {"distribution": "uniform", "low": 0.3, "high": 0.8},
+               "triaccel.batch.rho_high": {"distribution": "uniform", "low": 0.5, "high": 0.9}}),
+     "params.triaccel.batch.rho_high: ranges overlap"),
+    ({"params": {}}, "s.yaml: train: missing"),
+    ({"train": {"epochs": 0}, "params": {"optim.lr": {"distribution": "uniform", "low": 0.1, "high": 0.2}}},
+     "s.yaml: train.epochs: must be >= 1"),
+])
+def test_bad_space_is_one_line_naming_key_and_file(data, match):
+    with pytest.raises(ConfigError, match=match.replace("(", r"\(").replace(")", r"\)")):
+        parse_space(data, source="s.yaml")
+
+
+def test_cli_rejects_bad_space_before_ray_starts(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump(_space(**{"optim.lr": {"distribution": "loguniform", "low": -1, "high": 1}})))
+    r = subprocess.run([sys.executable, "-m", "triaccel.cli", "search", "--space", str(p)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip() == f"triaccel: error: {p}: params.optim.lr: a log range must be above 0, got low=-1"
+    assert not (tmp_path / "mlruns" / "tune").exists()  # nothing started, nothing written
+
+
+def test_frac_parameter_is_what_optuna_sees():
+    s = load_space(str(ROOT / "spaces" / "quickstart.yaml"))
+    d = s.optuna_distributions()
+    assert "triaccel.precision.tau_high" + FRAC_SUFFIX in d and "triaccel.precision.tau_high" not in d
+    v = s.resolve({**{k: (x.low if hasattr(x, "low") else x.choices[0]) for k, x in d.items()},
+                   "triaccel.precision.tau_high" + FRAC_SUFFIX: 1.0})
+    assert v["triaccel.precision.tau_high"] == pytest.approx(s.params["triaccel.precision.tau_high"].high)
