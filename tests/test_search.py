@@ -226,3 +226,67 @@ def test_sigkill_mid_search_then_resume_finishes_without_duplicates(tmp_path):
     complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(complete) == 5 and len(trials) == 5  # Optuna's history: every trial once
     assert len({json.dumps(t.params, sort_keys=True) for t in complete}) == 5
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ui_serves_the_trials_on_loopback_and_renders_in_a_browser(searched):
+    import shutil
+    import urllib.request
+
+    d, _ = searched
+    port = _free_port()
+    env = dict(os.environ)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    server = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "ui", "--port", str(port)], cwd=d,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(60):
+            try:
+                if urllib.request.urlopen(base + "/health", timeout=2).read().strip() == b"OK":
+                    break
+            except OSError:
+                time.sleep(1)
+        else:
+            pytest.fail("MLflow UI did not come up")
+        exp = json.loads(urllib.request.urlopen(
+            base + "/api/2.0/mlflow/experiments/get-by-name?experiment_name=triaccel-search").read())["experiment"]
+        req = urllib.request.Request(base + "/api/2.0/mlflow/runs/search", method="POST",
+                                     data=json.dumps({"experiment_ids": [exp["experiment_id"]],
+                                                      "filter": "tags.`triaccel.search` = 't1'",
+                                                      "max_results": 100}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        runs = json.loads(urllib.request.urlopen(req).read())["runs"]
+        roles = sorted(next(t["value"] for t in r["data"]["tags"] if t["key"] == "triaccel.role") for r in runs)
+        assert roles == ["parent"] + ["trial"] * 6
+        # it listens on loopback only
+        import socket
+
+        out = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True).stdout if shutil.which("ss") else ""
+        if out:
+            assert any(f"127.0.0.1:{port}" in ln for ln in out.splitlines())
+            assert not any(f"0.0.0.0:{port}" in ln or f"*:{port}" in ln for ln in out.splitlines())
+        chromium = shutil.which("chromium")
+        if chromium is None:
+            pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
+        shot = d / "ui.png"
+        subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                        "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                        "--disable-sync", "--disable-quic", f"--user-data-dir={d / 'chrome'}",
+                        "--window-size=1500,1000", "--virtual-time-budget=20000", f"--screenshot={shot}",
+                        f"{base}/#/experiments/{exp['experiment_id']}/runs"], capture_output=True, timeout=120)
+        assert shot.is_file() and shot.stat().st_size > 20_000  # a rendered page, not a blank one
+        from PIL import Image
+
+        im = Image.open(shot).convert("L")
+        assert len(set(im.getdata())) > 16  # text and widgets, not a flat error page
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)

@@ -54,7 +54,9 @@ def ensure_experiment(c, name: str) -> str:
     if exp is not None:
         return exp.experiment_id
     try:
-        return c.create_experiment(name, artifact_location=artifact_location(c.tracking_uri))
+        # "custom_model_development": the MLflow UI opens the runs table, not its GenAI overview
+        return c.create_experiment(name, artifact_location=artifact_location(c.tracking_uri),
+                                   tags={"mlflow.experimentKind": "custom_model_development"})
     except Exception:  # created meanwhile by another process
         return c.get_experiment_by_name(name).experiment_id
 
