@@ -81,6 +81,10 @@ def overhead(args):
         "tri_full_fisher_default_thresholds": {"mode": "triaccel", "triaccel.curvature.method": "fisher",
                                                "triaccel.batch.budget_gb": 1000.0, "triaccel.batch.rho_low": 1e-9},
     }
+    if args.quick:
+        variants = {k: v for k, v in variants.items() if k in ("amp_bf16", "tri_none", "tri_full_fisher",
+                                                               "tri_full_fisher_torch_kernels",
+                                                               "tri_full_fisher_default_thresholds")}
     res = {}
     for b in [int(x) for x in args.batches.split(",")]:
         for name, over in variants.items():
@@ -96,13 +100,15 @@ def overhead(args):
             res[f"{name}_bs{b}"]["vs_amp_pct"] = 100 * (res[f"{name}_bs{b}"]["median_ms"] / base - 1)
     # curvature probe at the paper's settings: k=5, b_curv=32, amortised over T_curv=200
     probes = {}
-    for mode, extra in (("exact", {}), ("batched", {}), ("exact_k1", {"triaccel.curvature.top_k": 1})):
+    probe_modes = (("exact", {}), ("batched", {}), ("exact_k1", {"triaccel.curvature.top_k": 1}),
+                   ("batched_k1", {"triaccel.curvature.top_k": 1}))
+    for mode, extra in probe_modes[1:] if args.quick else probe_modes:
         cfg = cfg_for(args, mode="triaccel", **{"triaccel.curvature.probe": mode.split("_")[0], **extra,
-                                                "triaccel.curvature.max_iters": 20})
+                                                "triaccel.curvature.max_iters": args.probe_iters})
         t, loop = make(cfg)
         step_time(t, blocks=2, per_block=5, warm=5)
         ts, iters = [], []
-        for _ in range(4):
+        for _ in range(3):
             sync(t.device)
             t0 = time.perf_counter()
             loop._refresh_curvature(t)
@@ -181,6 +187,8 @@ def main():
     ap.add_argument("--budget-gb", type=float, default=2.0)
     ap.add_argument("--budget-frac", type=float, default=0.8)
     ap.add_argument("--curvature", default="fisher")
+    ap.add_argument("--quick", action="store_true", help="overhead: the main variants only")
+    ap.add_argument("--probe-iters", type=int, default=8)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     {"overhead": overhead, "elastic": elastic, "ablation": ablation}[args.what](args)

@@ -1,0 +1,93 @@
+"""A CIFAR-10 ResNet-18 search with trials sharing the GPU against the same search one at a time.
+
+    python3 bench/search_bench.py --data-dir /tmp/cifar --trials 16 --epochs 3 --out bench/results/h200_search.json
+
+Both searches draw the same 16 configurations (same sampler seed, no early stopping, so both
+do the same work). Reported per search: wall time, trials per hour, the GPU memory each trial
+measured (allocator peak) and the whole device's peak (NVML, sampled every 0.2 s), and the
+best efficiency score found, with how many trials shared the GPU when it was measured.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import write  # noqa: E402
+
+
+class NvmlPeak(threading.Thread):
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.peak, self.stop = 0, False
+
+    def run(self):
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:  # no NVIDIA device (a CPU smoke run)
+            return
+        while not self.stop:
+            self.peak = max(self.peak, pynvml.nvmlDeviceGetMemoryInfo(h).used)
+            time.sleep(0.2)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data-dir", required=True)
+    ap.add_argument("--trials", type=int, default=16)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=96)
+    ap.add_argument("--packed", type=int, default=4)
+    ap.add_argument("--model", default="resnet18")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    os.environ["TRIACCEL_TUNE_DIR"] = str(Path("mlruns/tune").resolve())
+    from triaccel.search.runner import _rows, run_search
+
+    space = yaml.safe_load((Path(__file__).resolve().parents[1] / "spaces" / "cifar10_jpeg_resnet18.yaml").read_text())
+    space["train"]["data"]["data_dir"] = args.data_dir
+    space["train"]["epochs"] = args.epochs
+    space["train"]["batch_size"] = args.batch
+    space["train"]["model"]["name"] = args.model
+    space.update(trials=args.trials, scheduler="none", sampler="random", seed=0, grace_period=1)
+    res = {}
+    for label, conc, gpt in (("packed", args.packed, 1.0 / args.packed), ("alone", 1, 1.0)):
+        space.update(concurrency=conc, gpus_per_trial=gpt)
+        p = Path(f"/tmp/space_{label}.yaml")
+        p.write_text(yaml.safe_dump(space))
+        mon = NvmlPeak()
+        mon.start()
+        t0 = time.perf_counter()
+        run_search(str(p), name=f"bench_{label}")
+        wall = time.perf_counter() - t0
+        mon.stop = True
+        _, _, rows, _ = _rows(f"bench_{label}", os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlruns/mlflow.db")
+        done = [r for r in rows if r["status"] == "FINISHED"]
+        best = max(done, key=lambda r: r["metrics"]["efficiency"])
+        res[label] = {
+            "concurrency": conc, "gpus_per_trial": gpt, "wall_s": wall, "trials_finished": len(done),
+            "trials_per_hour": 3600 * len(done) / wall,
+            "trial_peak_mem_gib_median": statistics.median(r["metrics"]["peak_mem_gib"] for r in done),
+            "trial_peak_mem_gib_max": max(r["metrics"]["peak_mem_gib"] for r in done),
+            "device_peak_used_gib_nvml": mon.peak / 2**30,
+            "epoch_time_last5_s_median": statistics.median(r["metrics"]["epoch_time_last5_s"] for r in done),
+            "best_efficiency": best["metrics"]["efficiency"], "best_val_acc": best["metrics"]["val_acc"],
+            "best_values": best["values"], "shared_trials": best["metrics"].get("shared_trials")}
+        print(label, res[label], flush=True)
+    res["packed_vs_alone_throughput_x"] = res["packed"]["trials_per_hour"] / res["alone"]["trials_per_hour"]
+    write(args.out, {"what": "the same random-sampled search packed on one GPU vs one trial at a time",
+                     "trials": args.trials, "epochs": args.epochs, "batch": args.batch, "results": res})
+
+
+if __name__ == "__main__":
+    main()
