@@ -95,10 +95,13 @@ def run_peak(epoch_peaks: list[float]) -> float:
 
 def resolve_device(spec: str) -> torch.device:
     if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(spec)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise TriAccelError(f"device: {spec} requested but CUDA is not available")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise TriAccelError(f"device: {spec} requested but CUDA is not available")
+        if dev.index is None:  # an explicit index: some CUDA APIs (memory fraction) refuse a bare "cuda"
+            dev = torch.device("cuda", torch.cuda.current_device())
     return dev
 
 
