@@ -151,3 +151,12 @@ def test_end_to_end_learns_digits(mode):
     for k in ("train_loss", "val_acc", "epoch_time_s", "peak_mem_gib", "images_per_s", "efficiency"):
         assert e[k] > 0
     assert t.history.epochs[0]["train_loss"] > e["train_loss"]
+
+
+def test_channels_last_trains_the_same_model():
+    runs = []
+    for cl in (False, True):
+        t = Trainer(small_cfg(**{"channels_last": cl, "epochs": 1}), log=lambda *a: None).setup()
+        t.fit()
+        runs.append(_params(t.model))
+    assert _maxdiff(*runs) < 1e-4

@@ -182,6 +182,8 @@ class TrainConfig:
     batch_size: int = 96  # examples per optimizer update (initial, in triaccel paper mode)
     accum_steps: int = 1  # micro-batches per update; the micro-batch is batch_size / accum_steps
     checkpointing: bool = False  # activation checkpointing per block
+    channels_last: bool = False  # NHWC activations and weights (tensor-core layout; not yet measured here)
+    cudnn_benchmark: bool = True  # cuDNN autotuning: note every new batch size is tuned again
     eval_batch_size: int = 1024
     evaluate_test: bool = True  # final test-set evaluation (never used for selection)
     memory_limit_fraction: Optional[float] = None  # torch.cuda.set_per_process_memory_fraction

@@ -244,6 +244,7 @@ class ResidentData:
         self.augment = augment
         self.padding = padding
         self.gen = torch.Generator(device=device).manual_seed(seed)
+        self.channels_last = False  # set by the trainer with `channels_last: true`
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -258,6 +259,8 @@ class ResidentData:
         if train and self.augment:
             x = random_crop_flip(x, self.padding, self.gen)
         x = x.float().mul_(1.0 / 255).sub_(self.mean).mul_(self.inv_std)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         return x, y
 
 

@@ -144,7 +144,7 @@ class Trainer:
         seed_everything(cfg.seed)
         self.device = resolve_device(cfg.device)
         if self.device.type == "cuda":
-            torch.backends.cudnn.benchmark = True
+            torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
             if cfg.memory_limit_fraction:
                 torch.cuda.set_per_process_memory_fraction(cfg.memory_limit_fraction, self.device)
 
@@ -163,6 +163,10 @@ class Trainer:
 
         # ---- model
         self.model = build_model(cfg.model, sp.num_classes, sp.in_channels, sp.image_size).to(self.device)
+        if cfg.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+            for d in (self.train_data, self.val_data, self.test_data):
+                d.channels_last = True
         if cfg.checkpointing:
             enable_checkpointing(self.model)
         self.precision: PrecisionRuntime | None = None
