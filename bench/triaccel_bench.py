@@ -24,7 +24,7 @@ from _common import write  # noqa: E402
 
 from triaccel.config import load_config  # noqa: E402
 from triaccel.control import TriAccelLoop  # noqa: E402
-from triaccel.measure import sync  # noqa: E402
+from triaccel.measure import bench, sync  # noqa: E402
 from triaccel.trainer import Trainer  # noqa: E402
 
 QUIET = lambda *a: None  # noqa: E731
@@ -45,23 +45,17 @@ def make(cfg, log=QUIET):
 
 
 def step_time(t, blocks=10, per_block=20, warm=30) -> dict:
+    """Median over ``blocks`` synchronised blocks of ``per_block`` steps (triaccel.measure.bench)."""
     t.model.train()
     t.sampler.start_epoch(0)
-    for _ in range(warm):
+
+    def step():
         if t.sampler.remaining < t.batch_size:
-            t.sampler.start_epoch(1)
+            t.sampler.start_epoch(t.sampler.epoch + 1)
         t.train_step(t.sampler.take(t.batch_size))
-    times = []
-    for _ in range(blocks):
-        sync(t.device)
-        t0 = time.perf_counter()
-        for _ in range(per_block):
-            if t.sampler.remaining < t.batch_size:
-                t.sampler.start_epoch(1)
-            t.train_step(t.sampler.take(t.batch_size))
-        sync(t.device)
-        times.append((time.perf_counter() - t0) / per_block * 1e3)
-    return {"median_ms": statistics.median(times), "mean_ms": statistics.fmean(times), "std_ms": statistics.stdev(times)}
+
+    r = bench(step, t.device, warmup=warm, repeats=blocks, inner=per_block)
+    return {"median_ms": 1e3 * r["median_s"], "mean_ms": 1e3 * r["mean_s"], "std_ms": 1e3 * r["std_s"]}
 
 
 def overhead(args):

@@ -1,0 +1,66 @@
+"""`triaccel profile` on the CPU: the report is complete and self-consistent, the trace is real."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, small_cfg
+from triaccel.profile import run_profile
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    cfg = small_cfg(**{"mode": "amp", "batch_size": 128, "model.width": 16})
+    return run_profile(cfg, steps=12, warmup=4, out_dir=tmp_path_factory.mktemp("prof"))
+
+
+def test_variants_fp32_beside_amp_and_checkpointing_both_ways(report):
+    assert set(report["variants"]) == {"amp-bf16", "amp-bf16_ckpt", "fp32", "fp32_ckpt"}
+    for v in report["variants"].values():
+        for k in ("step_real_ms", "step_repeated_ms", "images_per_s", "first_step_s", "input_share", "phases"):
+            assert k in v
+        assert v["phases"]["peak_phase"] in ("forward", "backward", "optimizer")
+        assert v["images_per_s"] == pytest.approx(v["batch_size"] / v["step_real_ms"] * 1e3)
+
+
+def test_phase_times_fit_in_the_step(report):
+    for name, v in report["variants"].items():
+        ph = v["phases"]
+        total = sum(ph[p]["median_ms"] for p in ("forward", "backward", "optimizer"))
+        assert total <= 1.5 * v["step_real_ms"] + 2.0, (name, total, v["step_real_ms"])
+        assert all(ph[p]["median_ms"] > 0 for p in ("forward", "backward", "optimizer"))
+
+
+def test_repeated_batch_is_not_slower_than_real_input(report):
+    for name, v in report["variants"].items():
+        assert v["step_repeated_ms"] <= 1.3 * v["step_real_ms"] + 1.0, name
+
+
+def test_checkpointing_lowers_the_saved_activation_peak(report):
+    # CPU accounting counts what autograd saves: recomputed blocks save only their boundaries
+    fwd = lambda n: report["variants"][n]["phases"]["forward"]["peak_gib"]  # noqa: E731
+    assert fwd("fp32_ckpt") < fwd("fp32")
+
+
+def test_trace_is_valid_json_naming_the_models_operations(report):
+    from pathlib import Path
+
+    out = Path(report["out_dir"])
+    trace = json.loads((out / "trace.json").read_text())
+    names = {e.get("name", "") for e in trace["traceEvents"]}
+    assert "aten::conv2d" in names and any("batch_norm" in n for n in names)
+    assert "Self CPU" in (out / "top_ops.txt").read_text()
+    text = (out / "report.txt").read_text()
+    assert "not added" in text and "not utilisation" in text
+
+
+def test_bad_config_is_the_same_clean_error_as_train(tmp_path):
+    (tmp_path / "c.yaml").write_text("model: {name: vgg99}\n")
+    errs = []
+    for cmd in ("train", "profile"):
+        r = subprocess.run([sys.executable, "-m", "triaccel.cli", cmd, "--config", "c.yaml"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+        errs.append(r.stderr.strip())
+    assert errs[0] == errs[1] and errs[0].startswith("triaccel: error: model.name: unknown model")
