@@ -60,6 +60,7 @@ def step_time(t, blocks=10, per_block=20, warm=30) -> dict:
 
 def overhead(args):
     hold = {"triaccel.precision.tau_low": 1e-30, "triaccel.precision.tau_high": 1e30,  # every layer stays bf16
+            "triaccel.curvature.tau_curv": 1e30,  # no curvature promotion either (the first H200 run lacked it)
             "triaccel.batch.budget_gb": 1000.0, "triaccel.batch.rho_low": 1e-9}  # batch holds
     off = {"triaccel.precision.enabled": False, "triaccel.curvature.enabled": False, "triaccel.batch.enabled": False}
     variants = {

@@ -19,7 +19,10 @@ import triton.language as tl
 from triaccel.kernels._table import block_table
 
 BLOCK = 4096  # values per load
-ITERS = 4  # loads per program: a program covers BLOCK * ITERS values, then makes 3 atomics
+# Loads per program (a program covers BLOCK * ITERS values, then makes 3 atomics). Measured on
+# the H200 (bench/results/h200_kernels.json): ITERS=1 was best for ResNet-18's 11.2 M values
+# (36 us against 47 us at 4), ITERS=8 for 112 M values (197 us against 240 us at 1).
+ITERS_SMALL, ITERS_LARGE, LARGE = 1, 8, 50_000_000
 
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
@@ -50,9 +53,11 @@ def _grad_stats_kernel(table_ptr, out_ptr, DTYPE: tl.constexpr, BLOCK: tl.conste
 
 
 def grad_stats_triton(tensors: list[torch.Tensor], out: torch.Tensor | None = None, block: int = BLOCK,
-                      iters: int = ITERS, num_warps: int = 8) -> torch.Tensor:
+                      iters: int | None = None, num_warps: int = 8) -> torch.Tensor:
     """Triton version of ``grad_stats_ref``: float32 [n, 3] of (sum, sumsq, nonfinite)."""
     n = len(tensors)
+    if iters is None:
+        iters = ITERS_LARGE if sum(t.numel() for t in tensors) > LARGE else ITERS_SMALL
     dev = tensors[0].device if tensors else torch.device("cpu")
     if out is None:
         out = torch.zeros(n, 3, dtype=torch.float32, device=dev)
