@@ -83,7 +83,10 @@ def test_batch_grows_below_rho_low_and_shrinks_above_rho_high():
     assert c.update(0.3 * GiB).batch == 112
     assert c.update(0.6 * GiB).action == "hold"
     d = c.update(0.9 * GiB)
-    assert d.action == "shrink" and d.batch == 80
+    # the fit through (96, 0.3) and (112, 0.9) puts 0.8 GiB at B=109: a smaller step than delta_down
+    assert d.action == "shrink" and d.batch == 109
+    c = BatchController(bc(), 96, 96, 1 * GiB)
+    assert c.update(0.9 * GiB).batch == 64  # no fit yet: the plain delta_down step
 
 
 def test_batch_respects_bounds_and_cooldown():
@@ -124,7 +127,7 @@ def test_constant_mode_keeps_batch_and_moves_micro_batch():
     d = c.update(0.1 * GiB)
     assert d.batch == 256 and d.micro_batch == 80
     d = c.update(0.95 * GiB)
-    assert d.batch == 256 and d.micro_batch == 48
+    assert d.batch == 256 and d.micro_batch == 77  # the fit: 0.8 GiB at a micro-batch of 77
     assert c.lr_factor(256) == 1.0
 
 
@@ -134,3 +137,14 @@ def test_lr_rules():
     assert c.lr_factor(100) == pytest.approx(2.0)
     c.cfg = bc(lr_rule="linear")
     assert c.lr_factor(100) == pytest.approx(4.0)
+
+
+def test_shrink_stops_where_the_fit_says_the_batch_fits():
+    """peak = 0.26 + 0.0037 B GiB, budget 0.494 GiB, rho_high 0.85: about 43 fits; delta_down 32 would give 32."""
+    c = BatchController(bc(rho_low=0.5, rho_high=0.85, delta_down=32, min_batch=8), 96, 96, 0.494 * GiB)
+    peak = lambda b: (0.26 + 0.0037 * b) * GiB  # noqa: E731
+    d = c.update(peak(96))
+    assert d.batch == 64  # one observation: no fit yet, the plain step
+    d = c.update(peak(64))
+    assert d.action == "shrink" and d.batch == 43
+    assert peak(d.batch) <= 0.85 * 0.494 * GiB

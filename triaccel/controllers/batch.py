@@ -1,12 +1,15 @@
 """§3.3 memory-elastic batch controller.
 
     B <- B + delta_up    if usage < rho_low  * MemMax
-    B <- B - delta_down  if usage > rho_high * MemMax
+    B <- B - delta_down  if usage > rho_high * MemMax   (at most delta_down: see below)
 
 ``usage`` is the window's allocator peak (bytes); MemMax the run's budget. Additions that
 keep it from oscillating or running into the wall:
 - an online least-squares fit peak ~ a + b * micro_batch predicts the peak of a bigger batch;
   the controller does not grow into a predicted peak above rho_high * MemMax;
+- the same fit bounds a shrink: the batch steps down by delta_down at most, and no further
+  than the largest size predicted to fit under rho_high (the fixed step overshot on the H200:
+  96 -> 32 where about 48 fitted, tripling the epoch time);
 - a micro-batch that ran out of memory is a ceiling the controller never grows back to;
 - ``cooldown`` windows after each change, so the next measurement sees the new size;
 - ``device_pressure`` (the whole device nearly full, from NVML, when trials share a GPU)
@@ -47,7 +50,8 @@ class BatchController:
     def elastic(self) -> int:
         return self.batch if self.cfg.mode == "paper" else self.micro
 
-    def _predict(self, size: int) -> float | None:
+    def _fit(self) -> tuple[float, float] | None:
+        """Least-squares peak ~ a + b * micro_batch over recent windows (the worst peak per size)."""
         pts = {}
         for m, p in self.obs[-20:]:
             pts[m] = max(p, pts.get(m, 0.0))
@@ -59,7 +63,17 @@ class BatchController:
         if vx == 0:
             return None
         b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / vx
-        return my + b * (size - mx)
+        return my - b * mx, b
+
+    def _predict(self, size: int) -> float | None:
+        fit = self._fit()
+        return None if fit is None else fit[0] + fit[1] * size
+
+    def _largest_fitting(self, limit: float) -> int | None:
+        fit = self._fit()
+        if fit is None or fit[1] <= 0:
+            return None
+        return int((limit - fit[0]) // fit[1])
 
     def update(self, peak_bytes: float, device_pressure: bool = False) -> BatchDecision:
         c = self.cfg
@@ -70,7 +84,13 @@ class BatchController:
             self.cool -= 1
             return self._decide(size, "cooldown", frac)
         if frac > c.rho_high:
-            return self._decide(max(c.min_batch, size - c.delta_down), "shrink", frac)
+            # delta_down is the largest step: where the fit knows a size that fits under rho_high,
+            # stop there instead of overshooting (96 -> 64 -> 32 when about 43 fits).
+            target = size - c.delta_down
+            fits = self._largest_fitting(c.rho_high * self.budget)
+            if fits is not None:
+                target = max(target, min(size - 1, fits))
+            return self._decide(max(c.min_batch, target), "shrink", frac)
         if frac < c.rho_low:
             grown = min(c.max_batch, size + c.delta_up)
             if self.cfg.mode == "constant":
