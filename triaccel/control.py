@@ -74,6 +74,7 @@ class TriAccelLoop(Callback):
             self.probe_gen = torch.Generator().manual_seed(tr.cfg.seed + 17)
         self.promote = [False] * self.L
         self.lam = [0.0] * self.L
+        self.needs_stats = self.prec is not None or (self.curv is not None and c.curvature.method == "fisher")
 
         self.batch = None
         self.budget_bytes = None
@@ -101,6 +102,8 @@ class TriAccelLoop(Callback):
 
     # ------------------------------------------------------------------ every step
     def on_grads_ready(self, tr, n_examples):
+        if not self.needs_stats:
+            return  # neither the precision controller nor the Fisher proxy reads them: no launch
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.tensors]
         st = grad_stats(grads, backend=self.kernel_backend)  # [T, 3]: one launch on CUDA
         per = torch.zeros(self.n_groups, 3, device=st.device).index_add_(0, self.tensor_group, st)
