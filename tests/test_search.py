@@ -290,3 +290,22 @@ def test_ui_serves_the_trials_on_loopback_and_renders_in_a_browser(searched):
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
+
+
+def test_pareto_search_exports_a_front_member(tmp_path):
+    space = dict(SPACE, objective="pareto", trials=3, concurrency=2)
+    space["params"] = {k: v for k, v in SPACE["params"].items() if k != "optim.lr"}
+    space["train"] = dict(SPACE["train"], epochs=1)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    r = cli("search", "--space", "space.yaml", "--name", "p", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    c, parents = trial_runs(tmp_path, "p", role="parent")
+    assert "pareto_front.png" in {a.path for a in c.list_artifacts(parents[0].info.run_id)}
+    r = cli("export", "p", "--out", "front0.yaml", "--pick", "pareto-0", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    prov = yaml.safe_load((tmp_path / "front0.yaml").read_text())["provenance"]
+    _, runs = trial_runs(tmp_path, "p")
+    best_acc = max(x.data.metrics["val_acc"] for x in runs)
+    assert prov["pick"] == "pareto-0" and prov["metrics"]["val_acc"] == best_acc  # the front, best accuracy first
+    r = cli("export", "p", "--out", "x.yaml", "--pick", "pareto-99", cwd=tmp_path)
+    assert r.returncode == 2 and "the Pareto front has" in r.stderr
