@@ -228,6 +228,20 @@ def test_sigkill_mid_search_then_resume_finishes_without_duplicates(tmp_path):
     assert len({json.dumps(t.params, sort_keys=True) for t in complete}) == 5
 
 
+def test_confirm_reruns_the_best_alone_and_export_prefers_it(searched):
+    d, _ = searched
+    r = cli("resume", "t1", "--confirm", "1", cwd=d)  # a finished search: nothing to resume, then the confirm run
+    assert r.returncode == 0, r.stderr[-2000:]
+    c, confirms = trial_runs(d, "t1", role="confirm")
+    assert len(confirms) == 1 and confirms[0].info.status == "FINISHED"
+    assert confirms[0].data.tags["shared_trials"] == "1"
+    _, runs = trial_runs(d, "t1")
+    assert len(runs) == 6  # resuming a finished search re-ran nothing
+    r = cli("export", "t1", "--out", "confirmed.yaml", cwd=d)
+    prov = yaml.safe_load((d / "confirmed.yaml").read_text())["provenance"]
+    assert prov["confirmed_alone"] is True and prov["mlflow_run_id"] == confirms[0].data.tags["triaccel.confirms"]
+
+
 def _free_port():
     import socket
 
