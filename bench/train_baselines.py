@@ -31,17 +31,22 @@ def main():
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--batches", default="96,512")
     ap.add_argument("--seeds", default="0")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra config for every run, e.g. --set channels_last=true")
+    ap.add_argument("--modes", default="fp32,amp_bf16")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     runs = {}
     for b in [int(x) for x in args.batches.split(",")]:
         for mode, extra in (("fp32", {}), ("amp_bf16", {"mode": "amp", "amp_dtype": "bf16"})):
+            if mode not in args.modes.split(","):
+                continue
             per_seed = []
             for seed in [int(s) for s in args.seeds.split(",")]:
                 over = {"batch_size": b, "seed": seed, "optim.lr": 0.1 * b / 256 * 2, **extra}
                 if mode == "fp32":
                     over["mode"] = "fp32"
-                cfg = load_config(None, base(args, **over))
+                cfg = load_config(None, base(args, **over) + args.set)
                 t = Trainer(cfg, log=lambda s: print(f"[{mode} B{b} s{seed}] {s}", flush=True)).setup()
                 s = t.fit()
                 s["epochs_detail"] = [{k: e.get(k) for k in ("epoch", "epoch_time_s", "images_per_s", "val_acc",
@@ -56,6 +61,7 @@ def main():
             runs[f"{mode}_bs{b}"] = {"summary": agg, "runs": per_seed}
             print(mode, b, {k: round(v["mean"], 3) for k, v in agg.items()}, flush=True)
     write(args.out, {"what": "ResNet-18 CIFAR-10 (JPEG ImageFolder) baselines, device-resident pipeline",
+                     "extra_config": args.set,
                      "epochs": args.epochs, "runs": runs})
 
 

@@ -279,7 +279,7 @@ def test_ui_serves_the_trials_on_loopback_and_renders_in_a_browser(searched):
                                      headers={"Content-Type": "application/json"})
         runs = json.loads(urllib.request.urlopen(req).read())["runs"]
         roles = sorted(next(t["value"] for t in r["data"]["tags"] if t["key"] == "triaccel.role") for r in runs)
-        assert roles == ["parent"] + ["trial"] * 6
+        assert roles.count("parent") == 1 and roles.count("trial") == 6  # (+ a confirm run if that test ran)
         # it listens on loopback only
         import socket
 
