@@ -156,7 +156,8 @@ def _searcher_trials(d, name):
     """Optuna's own trial list, from the searcher state Tune saved beside the experiment."""
     import pickle
 
-    files = sorted((d / "mlruns" / "tune" / name).glob("searcher-state-*.pkl"), key=os.path.getmtime)
+    # newest session last: the file names carry the session's start time (mtimes are equal after Ray's sync)
+    files = sorted((d / "mlruns" / "tune" / name).glob("searcher-state-*.pkl"))
     assert files, "no searcher state"
     with open(files[-1], "rb") as f:
         state = pickle.load(f)
