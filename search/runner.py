@@ -56,9 +56,13 @@ def _init_ray(address: str | None, quiet: bool = True) -> None:
         return
     kw = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, configure_logging=True)
     if address:
-        ray.init(address=address, **kw)
-    else:
-        ray.init(num_cpus=os.cpu_count(), **kw)
+        try:
+            ray.init(address=address, **kw)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise TriAccelError(f"--address {address}: cannot join a Ray cluster there "
+                                f"({str(e).splitlines()[0][:200]})") from None
+    else:  # a new local instance, even where a `ray start` cluster runs (joining one is what --address is for)
+        ray.init(address="local", num_cpus=os.cpu_count(), **kw)
 
 
 def _searcher(space: SearchSpace):

@@ -324,3 +324,26 @@ def test_pareto_search_exports_a_front_member(tmp_path):
     assert prov["pick"] == "pareto-0" and prov["metrics"]["val_acc"] == best_acc  # the front, best accuracy first
     r = cli("export", "p", "--out", "x.yaml", "--pick", "pareto-99", cwd=tmp_path)
     assert r.returncode == 2 and "the Pareto front has" in r.stderr
+
+
+def test_address_joins_an_existing_cluster_and_a_plain_search_stays_local(tmp_path):
+    """`ray start --head` as a user would; --address auto joins it, a search without --address does not."""
+    import shutil
+
+    ray_bin = shutil.which("ray") or str(Path(sys.executable).parent / "ray")
+    space = dict(SPACE, trials=2, concurrency=2)
+    space["params"] = {k: v for k, v in SPACE["params"].items() if k != "optim.lr"}
+    space["train"] = dict(SPACE["train"], epochs=1)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    r = subprocess.run([ray_bin, "start", "--head", "--port=6391", "--num-cpus=2", "--include-dashboard=false"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    try:
+        r = cli("search", "--space", "space.yaml", "--name", "joined", "--address", "auto", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-3000:]
+        _, runs = trial_runs(tmp_path, "joined")
+        assert len(runs) == 2 and all(x.info.status == "FINISHED" for x in runs)
+        r = cli("search", "--space", "space.yaml", "--name", "local", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-3000:]  # a running cluster does not break a local search
+    finally:
+        subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=120)
