@@ -66,6 +66,7 @@ def overhead(args):
     variants = {
         "amp_bf16": {"mode": "amp"},
         "tri_none": {"mode": "triaccel", **off},
+        "tri_none_per_layer_regions": {"mode": "triaccel", **off, "triaccel.uniform_fast_path": False},
         "tri_precision": {"mode": "triaccel", **off, "triaccel.precision.enabled": True, **hold},
         "tri_batch": {"mode": "triaccel", **off, "triaccel.batch.enabled": True, **hold},
         "tri_curv_fisher": {"mode": "triaccel", **off, "triaccel.curvature.enabled": True,
@@ -77,7 +78,8 @@ def overhead(args):
                                                "triaccel.batch.budget_gb": 1000.0, "triaccel.batch.rho_low": 1e-9},
     }
     if args.quick:
-        variants = {k: v for k, v in variants.items() if k in ("amp_bf16", "tri_none", "tri_full_fisher",
+        variants = {k: v for k, v in variants.items() if k in ("amp_bf16", "tri_none", "tri_none_per_layer_regions",
+                                                               "tri_full_fisher",
                                                                "tri_full_fisher_torch_kernels",
                                                                "tri_full_fisher_default_thresholds")}
     res = {}

@@ -143,3 +143,33 @@ def test_checkpoint_roundtrip_keeps_controller_state(tmp_path):
     assert loop2.trajectory == loop.trajectory and loop2.window == loop.window
     assert t2.precision.levels() == t.precision.levels() and t2.batch_size == t.batch_size
     assert loop2.prec.state_dict() == loop.prec.state_dict()
+
+
+def test_uniform_levels_use_one_region_mixed_levels_use_per_layer_regions():
+    m = SmallCNN(10, 1, 8)
+    rt = PrecisionRuntime(m, torch.device("cpu"), initial="bf16")
+    seen, inside = {}, []
+    def hook(mod, i, o, n):
+        seen[n] = o.dtype
+        inside.append(rt._global)  # returns None: the output is left alone
+
+    for n, mod in rt.layers:
+        mod.register_forward_hook(lambda mod, i, o, n=n: hook(mod, i, o, n))
+    with rt.region():
+        m(torch.randn(2, 1, 8, 8))
+    assert set(seen.values()) == {torch.bfloat16} and set(inside) == {torch.bfloat16}  # the one region
+    rt.set(rt.names[1], "fp32")
+    seen.clear(), inside.clear()
+    with rt.region():
+        m(torch.randn(2, 1, 8, 8))
+    assert seen[rt.names[1]] == torch.float32 and seen[rt.names[0]] == torch.bfloat16 and set(inside) == {None}
+    rt.set(rt.names[1], "bf16")
+    with rt.region(), rt.force(torch.float32):  # the curvature probe inside a uniform forward: fp32 wins
+        seen.clear()
+        m(torch.randn(2, 1, 8, 8))
+    assert set(seen.values()) == {torch.float32}
+    rt.uniform_fast_path = False
+    seen.clear(), inside.clear()
+    with rt.region():
+        m(torch.randn(2, 1, 8, 8))
+    assert set(seen.values()) == {torch.bfloat16} and set(inside) == {None}

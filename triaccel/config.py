@@ -159,6 +159,7 @@ class TriAccelConfig:
     curvature: CurvatureConfig = field(default_factory=CurvatureConfig)
     batch: BatchConfig = field(default_factory=BatchConfig)
     kernels: Literal["auto", "triton", "torch"] = "auto"  # auto: Triton on CUDA, torch references elsewhere
+    uniform_fast_path: bool = True  # one autocast region while every layer has the same level
 
     def __post_init__(self):
         _check(self.control_every >= 1, "triaccel.control_every", "must be >= 1")

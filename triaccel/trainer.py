@@ -171,7 +171,8 @@ class Trainer:
             enable_checkpointing(self.model)
         self.precision: PrecisionRuntime | None = None
         if cfg.mode == "triaccel":
-            self.precision = PrecisionRuntime(self.model, self.device, initial=cfg.amp_dtype, log=self.log)
+            self.precision = PrecisionRuntime(self.model, self.device, initial=cfg.amp_dtype, log=self.log,
+                                              uniform_fast_path=cfg.triaccel.uniform_fast_path)
 
         # ---- optimizer, schedule, scaler
         groups = param_groups(self.model, per_layer=cfg.mode == "triaccel")
@@ -225,7 +226,9 @@ class Trainer:
     def autocast(self):
         if self.cfg.mode == "amp":
             return torch.autocast(self.device.type, dtype=DTYPES[self.cfg.amp_dtype])
-        return nullcontext()  # fp32, or triaccel's per-layer regions
+        if self.precision is not None:
+            return self.precision.region()  # one region while levels agree, per-layer regions otherwise
+        return nullcontext()
 
     # ================================================================== fit
     def fit(self) -> dict:
