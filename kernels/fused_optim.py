@@ -134,6 +134,26 @@ class _FusedBase(torch.optim.Optimizer):
                     gid.append(i)
         return ps, gs, gid
 
+    def _state(self, ps, *names) -> list[list[torch.Tensor]]:
+        """Per-parameter state buffers (created as zeros on first use), one list per name."""
+        out = [[] for _ in names]
+        for p in ps:
+            st = self.state[p]
+            for lst, n in zip(out, names):
+                if n not in st:
+                    st[n] = torch.zeros_like(p)
+                lst.append(st[n])
+        return out
+
+    def _shared(self, *keys):
+        """Hyperparameters the one launch applies to every group: only lr may differ per group."""
+        first = self.param_groups[0]
+        for g in self.param_groups[1:]:
+            for k in keys:
+                if g[k] != first[k]:
+                    raise ValueError(f"{type(self).__name__}: param groups differ in {k!r}; only lr may differ")
+        return [first[k] for k in keys]
+
     def _flags(self, device):
         scale = getattr(self, "grad_scale", None)
         found = getattr(self, "found_inf", None)
@@ -154,14 +174,8 @@ class FusedSGD(_FusedBase):
         ps, gs, gid = self._collect()
         if not ps:
             return loss
-        d = self.param_groups[0]
-        mom, wd, nest = d["momentum"], d["weight_decay"], d["nesterov"]
-        bufs = []
-        for p in ps:
-            st = self.state[p]
-            if "momentum_buffer" not in st:
-                st["momentum_buffer"] = torch.zeros_like(p)  # = torch's clone(g) on the first step (dampening 0)
-            bufs.append(st["momentum_buffer"])
+        mom, wd, nest = self._shared("momentum", "weight_decay", "nesterov")
+        (bufs,) = self._state(ps, "momentum_buffer")  # zeros = torch's clone(g) on the first step (dampening 0)
         dev = ps[0].device
         scale, found, scale_t, found_t = self._flags(dev)
         if self._use_triton(dev):
@@ -192,16 +206,8 @@ class FusedAdamW(_FusedBase):
         ps, gs, gid = self._collect()
         if not ps:
             return loss
-        d = self.param_groups[0]
-        (b1, b2), eps, wd = d["betas"], d["eps"], d["weight_decay"]
-        ms, vs = [], []
-        for p in ps:
-            st = self.state[p]
-            if "exp_avg" not in st:
-                st["exp_avg"] = torch.zeros_like(p)
-                st["exp_avg_sq"] = torch.zeros_like(p)
-            ms.append(st["exp_avg"])
-            vs.append(st["exp_avg_sq"])
+        (b1, b2), eps, wd = self._shared("betas", "eps", "weight_decay")
+        ms, vs = self._state(ps, "exp_avg", "exp_avg_sq")
         dev = ps[0].device
         scale, found, scale_t, found_t = self._flags(dev)
         st0 = self.state[ps[0]]

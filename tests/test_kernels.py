@@ -115,3 +115,11 @@ def test_fused_optimizer_unscaled_path_and_reference_backend(device):
             o1.step()
             o2.step()
         assert all(torch.allclose(a, b, rtol=1e-6, atol=1e-6) for a, b in zip(p1, p2))
+
+
+def test_fused_optimizer_refuses_groups_that_differ_beyond_lr():
+    a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    opt = FusedSGD([{"params": [a], "momentum": 0.9}, {"params": [b], "momentum": 0.5}], lr=0.1, backend="torch")
+    a.grad, b.grad = torch.ones(3), torch.ones(3)
+    with pytest.raises(ValueError, match="differ in 'momentum'"):
+        opt.step()
