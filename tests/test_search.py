@@ -347,3 +347,14 @@ def test_address_joins_an_existing_cluster_and_a_plain_search_stays_local(tmp_pa
         assert r.returncode == 0, r.stderr[-3000:]  # a running cluster does not break a local search
     finally:
         subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=120)
+
+
+def test_readme_main_job_runs_as_written(tmp_path):
+    """README's first command: the shipped quickstart search, then export and train from it."""
+    r = cli("search", "--space", str(Path(__file__).resolve().parents[1] / "spaces" / "quickstart.yaml"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sum(ln.startswith("trial ") for ln in r.stdout.splitlines()) == 8
+    r = cli("export", "quickstart", "--out", "tuned.yaml", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = cli("train", "--config", "tuned.yaml", cwd=tmp_path)
+    assert r.returncode == 0 and "test acc" in r.stdout, r.stderr[-2000:]
