@@ -43,9 +43,12 @@ def bench_stats(ts) -> dict:
     out["loop_var_mean_us"] = timeit(lambda: [torch.var_mean(t) for t in ts])
     out["foreach_norm_us"] = timeit(lambda: torch._foreach_norm(ts))
     sweep = {}
-    for block, iters, warps in ((4096, 1, 8), (2048, 4, 4), (4096, 4, 8), (2048, 8, 8), (1024, 16, 4), (4096, 8, 8)):
-        sweep[f"B{block}_I{iters}_W{warps}"] = timeit(lambda: grad_stats_triton(ts, block=block, iters=iters,
-                                                                                  num_warps=warps))
+    configs = [(4096, 1, 8, True), (2048, 1, 4, True), (1024, 1, 4, True), (2048, 2, 4, True), (2048, 4, 4, True),
+               (4096, 8, 8, True), (1024, 4, 4, False), (1024, 16, 4, False), (2048, 8, 4, False),
+               (2048, 8, 8, False), (4096, 4, 8, False), (1024, 32, 4, False), (512, 32, 2, False)]
+    for block, iters, warps, unroll in configs:
+        key = f"B{block}_I{iters}_W{warps}_{'U' if unroll else 'L'}"
+        sweep[key] = timeit(lambda: grad_stats_triton(ts, block=block, iters=iters, num_warps=warps, unroll=unroll))
     out["triton_sweep_us"] = sweep
     out["triton_default_us"] = timeit(lambda: grad_stats_triton(ts))
     out["triton_best"] = min(sweep, key=sweep.get)

@@ -4,8 +4,8 @@
     python3 bench/triaccel_bench.py elastic  --data-dir /tmp/cifar --out bench/results/h200_elastic.json
     python3 bench/triaccel_bench.py ablation --data-dir /tmp/cifar --out bench/results/h200_ablation.json
 
-overhead: warmed-up step time at a fixed batch (median of 10 blocks of 20 synchronised steps)
-for static AMP and for Tri-Accel with each controller alone and all together; thresholds keep
+overhead: warmed-up step time at a fixed batch (median of 21 blocks of 20 synchronised steps,
+the variants' blocks interleaved so drift falls on all alike) for static AMP and for Tri-Accel with each controller alone and all together; thresholds keep
 every layer in bf16 so the figure is the controllers' cost, not their decisions'. The
 curvature probe is timed apart (median of 3 warm-started refreshes) and amortised over T_curv.
 """
@@ -58,6 +58,35 @@ def step_time(t, blocks=10, per_block=20, warm=30) -> dict:
     return {"median_ms": 1e3 * r["median_s"], "mean_ms": 1e3 * r["mean_s"], "std_ms": 1e3 * r["std_s"]}
 
 
+def interleaved(trainers: dict, blocks: int = 21, per_block: int = 20, warm: int = 30) -> dict:
+    """Step time of several trainers measured in alternation: block r of every variant runs
+    before block r+1 of any, so clock, thermal and host drift fall on all variants alike."""
+    steps, times = {}, {name: [] for name in trainers}
+    for name, t in trainers.items():
+        t.model.train()
+        t.sampler.start_epoch(0)
+
+        def step(t=t):
+            if t.sampler.remaining < t.batch_size:
+                t.sampler.start_epoch(t.sampler.epoch + 1)
+            t.train_step(t.sampler.take(t.batch_size))
+
+        steps[name] = step
+        for _ in range(warm):
+            step()
+    for _ in range(blocks):
+        for name, t in trainers.items():
+            sync(t.device)
+            t0 = time.perf_counter()
+            for _ in range(per_block):
+                steps[name]()
+            sync(t.device)
+            times[name].append((time.perf_counter() - t0) / per_block)
+    return {name: {"median_ms": 1e3 * statistics.median(v), "mean_ms": 1e3 * statistics.fmean(v),
+                   "std_ms": 1e3 * statistics.stdev(v), "blocks": blocks, "steps_per_block": per_block}
+            for name, v in times.items()}
+
+
 def overhead(args):
     hold = {"triaccel.precision.tau_low": 1e-30, "triaccel.precision.tau_high": 1e30,  # every layer stays bf16
             "triaccel.curvature.tau_curv": 1e30,  # no curvature promotion either (the first H200 run lacked it)
@@ -84,14 +113,14 @@ def overhead(args):
                                                                "tri_full_fisher_default_thresholds")}
     res = {}
     for b in [int(x) for x in args.batches.split(",")]:
-        for name, over in variants.items():
-            # curvature refresh excluded from step timing (every: huge); measured below
-            cfg = cfg_for(args, batch_size=b, **over, **{"triaccel.curvature.every": 10**9})
-            t, _ = make(cfg)
-            res[f"{name}_bs{b}"] = step_time(t)
-            print(name, b, res[f"{name}_bs{b}"], flush=True)
-            del t
-            torch.cuda.empty_cache()
+        # curvature refresh excluded from step timing (every: huge); measured below
+        trainers = {name: make(cfg_for(args, batch_size=b, **over, **{"triaccel.curvature.every": 10**9}))[0]
+                    for name, over in variants.items()}
+        for name, r in interleaved(trainers).items():
+            res[f"{name}_bs{b}"] = r
+            print(name, b, r, flush=True)
+        del trainers
+        torch.cuda.empty_cache()
         base = res[f"amp_bf16_bs{b}"]["median_ms"]
         for name in variants:
             res[f"{name}_bs{b}"]["vs_amp_pct"] = 100 * (res[f"{name}_bs{b}"]["median_ms"] / base - 1)

@@ -28,7 +28,7 @@ BLOCK = 2048
 
 
 @triton.jit
-def _sgd_kernel(table_ptr, lr_ptr, scale_ptr, found_inf_ptr, momentum, weight_decay,
+def _sgd_kernel(table_ptr, lr_ptr, lr_mult, scale_ptr, found_inf_ptr, momentum, weight_decay,
                 HAS_MOMENTUM: tl.constexpr, NESTEROV: tl.constexpr, HAS_SCALE: tl.constexpr,
                 HAS_INF: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
@@ -43,7 +43,7 @@ def _sgd_kernel(table_ptr, lr_ptr, scale_ptr, found_inf_ptr, momentum, weight_de
         n = tl.where(tl.load(found_inf_ptr) == 0, n, 0)  # skipped step: nothing read, nothing written
     offs = start + tl.arange(0, BLOCK)
     mask = offs < n
-    lr = tl.load(lr_ptr + group)
+    lr = tl.load(lr_ptr + group) * lr_mult
     g = tl.load(g_ptr + offs, mask=mask, other=0.0)
     if HAS_SCALE:
         g = g / tl.load(scale_ptr)
@@ -61,7 +61,7 @@ def _sgd_kernel(table_ptr, lr_ptr, scale_ptr, found_inf_ptr, momentum, weight_de
 
 
 @triton.jit
-def _adamw_kernel(table_ptr, lr_ptr, scale_ptr, found_inf_ptr, step_ptr, beta1, beta2, eps, weight_decay,
+def _adamw_kernel(table_ptr, lr_ptr, lr_mult, scale_ptr, found_inf_ptr, step_ptr, beta1, beta2, eps, weight_decay,
                   HAS_SCALE: tl.constexpr, HAS_INF: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     row = table_ptr + pid * 8
@@ -76,7 +76,7 @@ def _adamw_kernel(table_ptr, lr_ptr, scale_ptr, found_inf_ptr, step_ptr, beta1, 
         n = tl.where(tl.load(found_inf_ptr) == 0, n, 0)
     offs = start + tl.arange(0, BLOCK)
     mask = offs < n
-    lr = tl.load(lr_ptr + group)
+    lr = tl.load(lr_ptr + group) * lr_mult
     step = tl.load(step_ptr)
     bc1 = 1.0 - tl.exp(step * tl.log(beta1))
     bc2_sqrt = tl.sqrt(1.0 - tl.exp(step * tl.log(beta2)))
@@ -93,6 +93,24 @@ def _adamw_kernel(table_ptr, lr_ptr, scale_ptr, found_inf_ptr, step_ptr, beta1, 
     tl.store(m_ptr + offs, m, mask=mask)
     tl.store(v_ptr + offs, v, mask=mask)
     tl.store(p_ptr + offs, p, mask=mask)
+
+
+def _common_ratio(new: list[float], ref: list[float] | None, rtol: float = 1e-9) -> float | None:
+    """k with new[i] == k * ref[i] for every i (zeros only where ref is zero), or None."""
+    if ref is None or len(ref) != len(new):
+        return None
+    k = None
+    for a, r in zip(new, ref):
+        if r == 0.0:
+            if a != 0.0:
+                return None
+            continue
+        c = a / r
+        if k is None:
+            k = c
+        elif abs(c - k) > rtol * abs(k):
+            return None
+    return 1.0 if k is None else k
 
 
 def triton_usable(device: torch.device) -> bool:
@@ -115,12 +133,25 @@ class _FusedBase(torch.optim.Optimizer):
     def _use_triton(self, device) -> bool:
         return self.backend == "triton" or (self.backend == "auto" and triton_usable(device))
 
-    def _lrs(self, device) -> torch.Tensor:
-        lrs = tuple(float(g["lr"]) for g in self.param_groups)
-        if lrs != self._lr_cache or self._lr_dev is None or self._lr_dev.device != device:
-            self._lr_dev = torch.tensor(lrs, dtype=torch.float32, device=device)  # one tiny copy when lrs change
-            self._lr_cache = lrs
-        return self._lr_dev
+    def _lrs(self, device) -> tuple[torch.Tensor, float]:
+        """(per-group lr array on the device, scalar multiplier): lr_g = array[g] * multiplier.
+
+        A schedule scales every group's lr by the same factor each step; that factor travels as
+        a kernel argument, so the array is uploaded only when the lrs' proportions change (a
+        curvature refresh). A per-step upload from pageable memory would wait for the GPU to
+        drain the stream every step.
+        """
+        lrs = [float(g["lr"]) for g in self.param_groups]
+        if self._lr_dev is not None and self._lr_dev.device == device:
+            k = _common_ratio(lrs, self._lr_cache)
+            if k is not None:
+                return self._lr_dev, k
+        host = torch.tensor(lrs, dtype=torch.float32)
+        if device.type == "cuda":
+            host = host.pin_memory()  # the caching host allocator keeps it until the copy ran
+        self._lr_dev = host.to(device, non_blocking=True)
+        self._lr_cache = lrs
+        return self._lr_dev, 1.0
 
     def _collect(self):
         ps, gs, gid = [], [], []
@@ -180,7 +211,8 @@ class FusedSGD(_FusedBase):
         scale, found, scale_t, found_t = self._flags(dev)
         if self._use_triton(dev):
             table = block_table([ps, gs, bufs], BLOCK, extra=gid)
-            _sgd_kernel[(table.shape[0],)](table, self._lrs(dev), scale_t, found_t, float(mom), float(wd),
+            lr_dev, lr_mult = self._lrs(dev)
+            _sgd_kernel[(table.shape[0],)](table, lr_dev, float(lr_mult), scale_t, found_t, float(mom), float(wd),
                                            HAS_MOMENTUM=mom != 0, NESTEROV=bool(nest), HAS_SCALE=scale is not None,
                                            HAS_INF=found is not None, BLOCK=BLOCK, num_warps=4)
         else:
@@ -220,7 +252,8 @@ class FusedAdamW(_FusedBase):
             step_t.add_(1.0)
         if self._use_triton(dev):
             table = block_table([ps, gs, ms, vs], BLOCK, extra=gid)
-            _adamw_kernel[(table.shape[0],)](table, self._lrs(dev), scale_t, found_t, step_t, float(b1), float(b2),
+            lr_dev, lr_mult = self._lrs(dev)
+            _adamw_kernel[(table.shape[0],)](table, lr_dev, float(lr_mult), scale_t, found_t, step_t, float(b1), float(b2),
                                              float(eps), float(wd), HAS_SCALE=scale is not None,
                                              HAS_INF=found is not None, BLOCK=BLOCK, num_warps=4)
         else:

@@ -10,20 +10,37 @@ import math
 import torch
 
 
-def grad_stats_ref(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """Per tensor: [sum, sum of squares, count of non-finite values], float32 [n, 3]."""
+def grad_stats_ref(tensors: list[torch.Tensor], segments: list[int] | None = None,
+                   n_segments: int | None = None) -> torch.Tensor:
+    """Per tensor: [sum, sum of squares, count of non-finite values], float32 [n, 3].
+
+    With ``segments``, tensor i's row is added into output row ``segments[i]``."""
     dev = tensors[0].device if tensors else torch.device("cpu")
-    out = torch.zeros(len(tensors), 3, dtype=torch.float32, device=dev)
-    for i, t in enumerate(tensors):
+    rows = list(range(len(tensors))) if segments is None else list(segments)
+    n_out = len(tensors) if segments is None else (n_segments if n_segments is not None else max(rows, default=-1) + 1)
+    out = torch.zeros(n_out, 3, dtype=torch.float32, device=dev)
+    for i, t in zip(rows, tensors):
         if t.numel() == 0:
             continue
         x = t.detach().float()
         finite = torch.isfinite(x)
         xf = torch.where(finite, x, torch.zeros((), device=x.device))
-        out[i, 0] = xf.sum()
-        out[i, 1] = (xf * xf).sum()
-        out[i, 2] = (~finite).sum()
+        out[i, 0] += xf.sum()
+        out[i, 1] += (xf * xf).sum()
+        out[i, 2] += (~finite).sum()
     return out
+
+
+def variance_ema_ref(stats: torch.Tensor, numel: torch.Tensor, ema: torch.Tensor, nonfinite: torch.Tensor,
+                     fisher_acc: torch.Tensor, beta: float, n_examples: int) -> None:
+    """§3.1's update from per-layer (sum, sumsq, nonfinite), in place:
+    v <- beta v + (1 - beta) Var[g] (beta = 0 starts the average), non-finite counts added, and the
+    Fisher proxy's n * ||g||^2 accumulated."""
+    mean = stats[:, 0] / numel
+    var = (stats[:, 1] / numel - mean * mean).clamp_min(0)
+    ema.mul_(beta).add_(var, alpha=1 - beta)
+    nonfinite.add_(stats[:, 2])
+    fisher_acc.add_(stats[:, 1] * float(n_examples))
 
 
 def sgd_step_ref(params, grads, bufs, lrs, *, momentum: float, weight_decay: float, nesterov: bool,

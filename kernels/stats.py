@@ -18,49 +18,68 @@ import triton.language as tl
 
 from triaccel.kernels._table import block_table
 
-BLOCK = 4096  # values per load
-# Loads per program (a program covers BLOCK * ITERS values, then makes 3 atomics). Measured on
-# the H200 (bench/results/h200_kernels.json): ITERS=1 was best for ResNet-18's 11.2 M values
-# (36 us against 47 us at 4), ITERS=8 for 112 M values (197 us against 240 us at 1).
-ITERS_SMALL, ITERS_LARGE, LARGE = 1, 8, 50_000_000
+BLOCK = 1024  # values per load (4 warps: 8 per thread)
+# Loads per program, in a loop (a program covers BLOCK * ITERS values, then makes 3 atomics).
+# Swept on the H200 (bench/results/h200_kernels.json, 13 launch shapes): on 112 M values a
+# 1024 x 16 loop was best (131 us, 83 % of copy bandwidth; the old unrolled 4096 x 8: 242 us);
+# on ResNet-18's 11.2 M values every shape timed 60-75 us, the host's launch cost, so the
+# smaller ITERS there only keeps enough programs to fill the GPU.
+ITERS_SMALL, ITERS_LARGE, LARGE = 4, 16, 50_000_000
 
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
 @triton.jit
-def _grad_stats_kernel(table_ptr, out_ptr, DTYPE: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+def _accumulate(ptr, offs, n, acc, acc2, bad):
+    mask = offs < n
+    x = tl.load(ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    finite = (x == x) & (tl.abs(x) < float("inf"))
+    xf = tl.where(finite, x, 0.0)
+    return acc + xf, acc2 + xf * xf, bad + tl.where(mask & (finite == 0), 1.0, 0.0)
+
+
+@triton.jit
+def _grad_stats_kernel(table_ptr, out_ptr, DTYPE: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr,
+                       UNROLL: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     row = table_ptr + pid * 5
     ptr = tl.load(row).to(tl.pointer_type(DTYPE))
     start = tl.load(row + 1)
     n = tl.load(row + 2)
-    seg = tl.load(row + 3)
+    seg = tl.load(row + 4)  # output row: the tensor's own, or its group's (segments)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK], dtype=tl.float32)
     bad = tl.zeros([BLOCK], dtype=tl.float32)
-    for i in tl.static_range(ITERS):  # unrolled: the loads of all iterations can be in flight together
-        offs = start + i * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        x = tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        finite = (x == x) & (tl.abs(x) < float("inf"))
-        xf = tl.where(finite, x, 0.0)
-        acc += xf
-        acc2 += xf * xf
-        bad += tl.where(mask & (finite == 0), 1.0, 0.0)
-    tl.atomic_add(out_ptr + seg * 3 + 0, tl.sum(acc, axis=0))
-    tl.atomic_add(out_ptr + seg * 3 + 1, tl.sum(acc2, axis=0))
-    tl.atomic_add(out_ptr + seg * 3 + 2, tl.sum(bad, axis=0))
+    base = start + tl.arange(0, BLOCK)
+    if UNROLL:  # all loads of the program in flight together (more registers, fewer programs per SM)
+        for i in tl.static_range(ITERS):
+            acc, acc2, bad = _accumulate(ptr, base + i * BLOCK, n, acc, acc2, bad)
+    else:  # a loop: fewer registers, more programs resident per SM
+        for i in tl.range(0, ITERS):
+            acc, acc2, bad = _accumulate(ptr, base + i * BLOCK, n, acc, acc2, bad)
+    tl.atomic_add(out_ptr + seg * 3 + 0, tl.sum(acc, axis=0), sem="relaxed")
+    tl.atomic_add(out_ptr + seg * 3 + 1, tl.sum(acc2, axis=0), sem="relaxed")
+    tl.atomic_add(out_ptr + seg * 3 + 2, tl.sum(bad, axis=0), sem="relaxed")
 
 
-def grad_stats_triton(tensors: list[torch.Tensor], out: torch.Tensor | None = None, block: int = BLOCK,
-                      iters: int | None = None, num_warps: int = 8) -> torch.Tensor:
-    """Triton version of ``grad_stats_ref``: float32 [n, 3] of (sum, sumsq, nonfinite)."""
+def grad_stats_triton(tensors: list[torch.Tensor], out: torch.Tensor | None = None, block: int | None = None,
+                      iters: int | None = None, num_warps: int = 4, unroll: bool = False,
+                      segments: list[int] | None = None, n_segments: int | None = None) -> torch.Tensor:
+    """Triton version of ``grad_stats_ref``: float32 [n, 3] of (sum, sumsq, nonfinite).
+
+    ``segments[i]`` sends tensor i's sums to output row ``segments[i]`` (rows summed, e.g. one
+    row per layer); default one row per tensor. One launch per gradient dtype, all into ``out``.
+    """
     n = len(tensors)
+    if block is None:
+        block = BLOCK
     if iters is None:
         iters = ITERS_LARGE if sum(t.numel() for t in tensors) > LARGE else ITERS_SMALL
     dev = tensors[0].device if tensors else torch.device("cpu")
+    rows = list(range(n)) if segments is None else list(segments)
+    n_out = n if segments is None else (n_segments if n_segments is not None else max(rows, default=-1) + 1)
     if out is None:
-        out = torch.zeros(n, 3, dtype=torch.float32, device=dev)
+        out = torch.zeros(n_out, 3, dtype=torch.float32, device=dev)
     else:
         out.zero_()
     by_dtype: dict = {}
@@ -71,13 +90,34 @@ def grad_stats_triton(tensors: list[torch.Tensor], out: torch.Tensor | None = No
             raise ValueError("grad_stats: tensors must be contiguous")
         by_dtype.setdefault(t.dtype, []).append(i)
     for dt, idx in by_dtype.items():
-        ts = [tensors[i] for i in idx]
-        table = block_table([ts], block * iters)
+        table = block_table([[tensors[i] for i in idx]], block * iters, extra=[rows[i] for i in idx])
         if table.shape[0] == 0:
             continue
-        target = out if len(by_dtype) == 1 else torch.zeros(len(ts), 3, dtype=torch.float32, device=dev)
-        _grad_stats_kernel[(table.shape[0],)](table, target, DTYPE=_TL[dt], BLOCK=block, ITERS=iters,
-                                              num_warps=num_warps)
-        if target is not out:  # several dtypes: one launch each, then scatter into place
-            out[torch.tensor(idx, device=dev)] = target
+        _grad_stats_kernel[(table.shape[0],)](table, out, DTYPE=_TL[dt], BLOCK=block, ITERS=iters,
+                                              UNROLL=unroll, num_warps=num_warps)
     return out
+
+
+@triton.jit
+def _variance_ema_kernel(stats_ptr, numel_ptr, ema_ptr, nonfinite_ptr, fisher_ptr, G, beta, n_examples,
+                         BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    m = offs < G
+    s = tl.load(stats_ptr + offs * 3, mask=m, other=0.0)
+    ss = tl.load(stats_ptr + offs * 3 + 1, mask=m, other=0.0)
+    bad = tl.load(stats_ptr + offs * 3 + 2, mask=m, other=0.0)
+    n = tl.load(numel_ptr + offs, mask=m, other=1.0)
+    mean = s / n
+    var = tl.maximum(ss / n - mean * mean, 0.0)
+    ema = tl.load(ema_ptr + offs, mask=m, other=0.0)
+    tl.store(ema_ptr + offs, beta * ema + (1.0 - beta) * var, mask=m)
+    tl.store(nonfinite_ptr + offs, tl.load(nonfinite_ptr + offs, mask=m, other=0.0) + bad, mask=m)
+    tl.store(fisher_ptr + offs, tl.load(fisher_ptr + offs, mask=m, other=0.0) + ss * n_examples, mask=m)
+
+
+def variance_ema_triton(stats: torch.Tensor, numel: torch.Tensor, ema: torch.Tensor, nonfinite: torch.Tensor,
+                        fisher_acc: torch.Tensor, beta: float, n_examples: int) -> None:
+    """Triton version of ``variance_ema_ref`` (one launch, in place)."""
+    G = stats.shape[0]
+    _variance_ema_kernel[(1,)](stats, numel, ema, nonfinite, fisher_acc, G, float(beta), float(n_examples),
+                               BLOCK=max(16, triton.next_power_of_2(G)), num_warps=1)

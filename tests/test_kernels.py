@@ -50,6 +50,19 @@ def test_grad_stats_counts_nonfinite_and_excludes_them(device):
     assert got[1].tolist() == [4999.0, 4999.0, 1.0]
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block,iters,unroll", [(1024, 3, False), (512, 4, True), (4096, 1, True)])
+def test_grad_stats_block_shapes_agree(device, block, iters, unroll):
+    """Every launch shape the benchmark sweeps (looped or unrolled, blocks spanning tensor ends) is exact."""
+    if not _device_ok(device):
+        pytest.skip()
+    g = torch.Generator().manual_seed(3)
+    ts = [torch.randn(s, generator=g).to(device) for s in (1, 511, 513, 3 * 1024 + 7, 9000)]
+    got = grad_stats_triton(ts, block=block, iters=iters, unroll=unroll, num_warps=4)
+    ref = grad_stats_ref(ts)
+    assert torch.allclose(got, ref, rtol=1e-5, atol=1e-3)
+
+
 def _opt_pair(kind, device, lrs, **kw):
     g = torch.Generator().manual_seed(1)
     shapes = [(37,), (5, 3), (1,), (2049,), (8, 3, 3, 3)]
@@ -123,3 +136,60 @@ def test_fused_optimizer_refuses_groups_that_differ_beyond_lr():
     a.grad, b.grad = torch.ones(3), torch.ones(3)
     with pytest.raises(ValueError, match="differ in 'momentum'"):
         opt.step()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind,kw", [CASES[0], CASES[3]])
+def test_fused_optimizer_follows_a_schedule_without_reuploading_lrs(device, kind, kw):
+    """A schedule scales every group's lr each step (warm-up from 0, decay): the fused step follows
+    torch.optim exactly, and the lr array is re-uploaded only when the groups' proportions change."""
+    if not _device_ok(device):
+        pytest.skip()
+    base = [0.1, 0.05, 0.2, 0.01, 0.1]
+    p1, p2, o1, o2 = _opt_pair(kind, device, base, **kw)
+    g = torch.Generator().manual_seed(4)
+    uploads, last = 0, None
+    for step, factor in enumerate([0.0, 0.25, 0.5, 1.0, 0.9, 0.7, 0.7, 0.3]):
+        scales = [1.0] * 5 if step < 6 else [1.0, 0.5, 1.0, 1.0, 2.0]  # step 6: a curvature refresh
+        for opt in (o1, o2):
+            for grp, lr, s in zip(opt.param_groups, base, scales):
+                grp["lr"] = lr * factor * s
+        grads = [torch.randn(p.shape, generator=g).to(device) for p in p1]
+        for ps, opt in ((p1, o1), (p2, o2)):
+            for p, gr in zip(ps, grads):
+                p.grad = gr.clone()
+            opt.step()
+        if o1._lr_dev is not last:
+            uploads, last = uploads + 1, o1._lr_dev
+        for a, b in zip(p1, p2):
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-5), (step, float((a - b).abs().max().detach()))
+    assert uploads == 3  # all-zero warm-up start, first non-zero lrs, the proportions' change
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grad_stats_segments_and_variance_ema_match_references(device):
+    """Per-layer rows (tensors summed into their group's row, mixed dtypes) and the EMA update."""
+    if not _device_ok(device):
+        pytest.skip()
+    from triaccel.kernels.reference import variance_ema_ref
+    from triaccel.kernels.stats import variance_ema_triton
+
+    g = torch.Generator().manual_seed(5)
+    ts = [torch.randn(s, generator=g).to(device=device, dtype=dt)
+          for s, dt in ((300, torch.float32), (7, torch.float32), (5000, torch.bfloat16), (2, torch.float32))]
+    ts[2][17] = float("inf")
+    seg = [0, 0, 2, 1]
+    got, ref = grad_stats_triton(ts, segments=seg, n_segments=3), grad_stats_ref(ts, seg, 3)
+    assert got.shape == (3, 3)
+    assert torch.allclose(got, ref, rtol=1e-4, atol=1e-2), (got, ref)
+    assert got[2, 2] == 1 and got[0, 2] == 0
+    numel = torch.tensor([307.0, 2.0, 5000.0], device=device)
+    state = [[torch.rand(3, generator=g).to(device) for _ in range(3)] for _ in range(2)]
+    state[1] = [s.clone() for s in state[0]]
+    for beta in (0.0, 0.9):  # beta 0 starts the average from this window's variance
+        variance_ema_triton(ref, numel, *state[0], beta=beta, n_examples=96)
+        variance_ema_ref(ref, numel, *state[1], beta=beta, n_examples=96)
+        for a, b in zip(*state):
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    var = (ref[:, 1] / numel - (ref[:, 0] / numel) ** 2).clamp_min(0)
+    assert torch.allclose(state[1][0], var, rtol=1e-5, atol=1e-6)  # beta 0, then 0.9 on the same statistics: the variance itself

@@ -160,3 +160,12 @@ def test_channels_last_trains_the_same_model():
         t.fit()
         runs.append(_params(t.model))
     assert _maxdiff(*runs) < 1e-4
+
+
+def test_channels_last_auto_is_off_on_cpu_and_explicit_setting_wins():
+    t = Trainer(small_cfg(epochs=1), log=lambda *a: None).setup()
+    assert t.cfg.channels_last is None and t.channels_last is False  # auto: NHWC only for conv models on CUDA
+    t = Trainer(small_cfg(channels_last=True, epochs=1), log=lambda *a: None).setup()
+    t.sampler.start_epoch(0)
+    x, _ = t.train_data.batch(t.sampler.take(4), train=True)
+    assert t.channels_last and x.is_contiguous(memory_format=torch.channels_last)

@@ -183,7 +183,9 @@ class TrainConfig:
     batch_size: int = 96  # examples per optimizer update (initial, in triaccel paper mode)
     accum_steps: int = 1  # micro-batches per update; the micro-batch is batch_size / accum_steps
     checkpointing: bool = False  # activation checkpointing per block
-    channels_last: bool = False  # NHWC activations and weights (tensor-core layout; not yet measured here)
+    # NHWC activations and weights. null (default): on for conv models on CUDA, where the H200
+    # measured 1.7-2x the NCHW step at batch 512 (bench/results/h200_step_breakdown.json), off on CPU.
+    channels_last: Optional[bool] = None
     cudnn_benchmark: bool = True  # cuDNN autotuning: note every new batch size is tuned again
     eval_batch_size: int = 1024
     evaluate_test: bool = True  # final test-set evaluation (never used for selection)

@@ -23,8 +23,8 @@ import torch.nn.functional as F
 
 from triaccel.config import TriAccelConfig
 from triaccel.controllers import BatchController, CurvatureController, PrecisionController
-from triaccel.curvature import HessianProbe, fisher_proxy
-from triaccel.kernels import grad_stats
+from triaccel.curvature import HessianProbe
+from triaccel.kernels import grad_stats, variance_ema
 from triaccel.measure import GiB, device_used_fraction
 from triaccel.trainer import Callback
 
@@ -50,7 +50,8 @@ class TriAccelLoop(Callback):
         groups = tr.optimizer.param_groups  # one per layer, in the same order, then "_other"
         assert [g["name"] for g in groups[:self.L]] == self.names
         self.tensors = [p for g in groups for p in g["params"]]
-        self.tensor_group = torch.tensor([gi for gi, g in enumerate(groups) for _ in g["params"]], device=dev)
+        self.tensor_group_list = [gi for gi, g in enumerate(groups) for _ in g["params"]]
+        self.tensor_group = torch.tensor(self.tensor_group_list, device=dev)
         self.n_groups = len(groups)
         self.group_numel = torch.zeros(self.n_groups, device=dev).index_add_(
             0, self.tensor_group, torch.tensor([float(p.numel()) for p in self.tensors], device=dev))
@@ -105,19 +106,14 @@ class TriAccelLoop(Callback):
         if not self.needs_stats:
             return  # neither the precision controller nor the Fisher proxy reads them: no launch
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.tensors]
-        st = grad_stats(grads, backend=self.kernel_backend)  # [T, 3]: one launch on CUDA
-        per = torch.zeros(self.n_groups, 3, device=st.device).index_add_(0, self.tensor_group, st)
-        mean = per[:, 0] / self.group_numel
-        var = (per[:, 1] / self.group_numel - mean * mean).clamp_min_(0)
-        beta = self.cfg.precision.beta
-        if self.ema_ready:
-            self.ema.mul_(beta).add_(var, alpha=1 - beta)
-        else:
-            self.ema.copy_(var)
-            self.ema_ready = True
-        self.nonfinite += per[:, 2]
+        # two launches on CUDA: per-layer sums straight into one row per group, then the EMA update
+        per = grad_stats(grads, backend=self.kernel_backend, segments=self.tensor_group_list,
+                         n_segments=self.n_groups)
+        beta = self.cfg.precision.beta if self.ema_ready else 0.0  # the first window starts the average
+        variance_ema(per, self.group_numel, self.ema, self.nonfinite, self.fisher_acc, beta, n_examples,
+                     backend=self.kernel_backend)
+        self.ema_ready = True
         if self.curv is not None and self.cfg.curvature.method == "fisher":
-            self.fisher_acc += fisher_proxy(per[:, 1], n_examples)
             self.fisher_n += 1
 
     def on_step_end(self, tr, info):

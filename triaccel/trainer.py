@@ -163,7 +163,11 @@ class Trainer:
 
         # ---- model
         self.model = build_model(cfg.model, sp.num_classes, sp.in_channels, sp.image_size).to(self.device)
-        if cfg.channels_last:
+        self.channels_last = cfg.channels_last
+        if self.channels_last is None:  # auto: NHWC for conv models on CUDA (NCHW batch-norm kernels are slow there)
+            self.channels_last = self.device.type == "cuda" and any(
+                isinstance(m, nn.Conv2d) for m in self.model.modules())
+        if self.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
             for d in (self.train_data, self.val_data, self.test_data):
                 d.channels_last = True

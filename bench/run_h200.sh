@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The H200 benchmark runs, in one place. Usage (on the GPU machine, repo root):
+#   bash bench/run_h200.sh OUTDIR SECTION...     sections: kernels breakdown overhead profile baselines
+# Expects the CIFAR-10 JPEG tree in /tmp/cifar (tar xzf cifar10-jpeg.tar.gz -C /tmp/cifar).
+# Each section writes OUTDIR/<name>.json (profile: OUTDIR/profile/) and a log; a failing section
+# does not stop the others.
+set -u
+out=$1; shift
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+data=/tmp/cifar
+for s in "$@"; do
+  t0=$(date +%s)
+  case $s in
+    kernels)   python3 bench/kernels_bench.py --out "$out/h200_kernels.json" ;;
+    breakdown) python3 bench/step_breakdown.py --data-dir $data --out "$out/h200_step_breakdown.json" ;;
+    overhead)  python3 bench/triaccel_bench.py overhead --quick --data-dir $data --out "$out/h200_overhead.json" ;;
+    profile)   python3 bench/profile_runs.py --data-dir $data --out "$out/profile" ;;
+    baselines) python3 bench/train_baselines.py --data-dir $data --batches 512 --epochs 3 \
+                 --out "$out/h200_baselines_bs512.json"
+               python3 bench/train_baselines.py --data-dir $data --batches 512 --epochs 3 --set channels_last=true \
+                 --out "$out/h200_baselines_bs512_channels_last.json"
+               python3 bench/train_baselines.py --data-dir $data --batches 512 --epochs 3 --set cudnn_benchmark=false \
+                 --out "$out/h200_baselines_bs512_nobench.json" ;;
+    *) echo "unknown section $s" ;;
+  esac 2>&1 | tee "$out/$s.log"
+  echo "== $s done in $(( $(date +%s) - t0 )) s" | tee -a "$out/times.log"
+done
