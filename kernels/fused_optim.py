@@ -23,6 +23,7 @@ import triton.language as tl
 
 from triaccel.kernels._table import block_table
 from triaccel.kernels.reference import adamw_step_ref, sgd_step_ref
+from triaccel.kernels.stats import _dense
 
 BLOCK = 2048
 
@@ -160,6 +161,10 @@ class _FusedBase(torch.optim.Optimizer):
                 if p.grad is not None:
                     if p.dtype != torch.float32 or p.grad.dtype != torch.float32:
                         raise TypeError("fused optimizers keep fp32 master weights and fp32 gradients")
+                    if p.grad.stride() != p.stride() or not _dense(p):
+                        # the kernels walk p, grad and state by flat offset: one dense layout for all
+                        raise ValueError("fused optimizers need each gradient in its parameter's dense layout "
+                                         f"(param strides {p.stride()}, grad strides {p.grad.stride()})")
                     ps.append(p)
                     gs.append(p.grad)
                     gid.append(i)

@@ -26,6 +26,13 @@ BLOCK = 1024  # values per load (4 warps: 8 per thread)
 # smaller ITERS there only keeps enough programs to fill the GPU.
 ITERS_SMALL, ITERS_LARGE, LARGE = 4, 16, 50_000_000
 
+def _dense(t: torch.Tensor) -> bool:
+    """Every element in one block of memory, each once (any order): sums may read it flat.
+    channels_last weights and their gradients are dense without being contiguous."""
+    return t.is_contiguous() or (t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)) or \
+        (t.dim() == 5 and t.is_contiguous(memory_format=torch.channels_last_3d))
+
+
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
@@ -86,8 +93,8 @@ def grad_stats_triton(tensors: list[torch.Tensor], out: torch.Tensor | None = No
     for i, t in enumerate(tensors):
         if t.dtype not in _TL:
             raise TypeError(f"grad_stats: unsupported dtype {t.dtype}")
-        if not t.is_contiguous():
-            raise ValueError("grad_stats: tensors must be contiguous")
+        if not _dense(t):
+            raise ValueError("grad_stats: tensors must be dense (contiguous in some memory format)")
         by_dtype.setdefault(t.dtype, []).append(i)
     for dt, idx in by_dtype.items():
         table = block_table([[tensors[i] for i in idx]], block * iters, extra=[rows[i] for i in idx])

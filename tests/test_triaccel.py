@@ -114,8 +114,10 @@ def test_fisher_mode_costs_no_probe():
     assert loop.probe is None and any(x > 0 for x in loop.lam)
 
 
-def test_kernels_and_references_give_the_same_training():
-    """triaccel.kernels=triton (interpreter on CPU) vs torch references: same parameters after an epoch."""
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_kernels_and_references_give_the_same_training(channels_last):
+    """triaccel.kernels=triton (interpreter on CPU) vs torch references: same parameters after an epoch,
+    also with NHWC weights and gradients (dense, not contiguous: the CUDA default)."""
     import os
 
     if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
@@ -123,7 +125,7 @@ def test_kernels_and_references_give_the_same_training():
     results, levels = [], []
     for kern in ("torch", "triton"):
         t, loop = tri_trainer(**{"epochs": 1, "triaccel.kernels": kern, "triaccel.curvature.method": "fisher",
-                                  "data.augment": False})
+                                  "data.augment": False, "channels_last": channels_last})
         t.fit()
         results.append([p.detach().clone() for p in t.model.parameters()])
         levels.append([r["levels"] for r in loop.trajectory])
