@@ -75,3 +75,14 @@ def test_probe_leaves_batchnorm_statistics_untouched():
         lambda: F.cross_entropy(m(x), y))
     after = m.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_vmapped_hvps_only_on_cuda_and_not_for_nhwc_weights():
+    from triaccel.curvature import vmap_by_default
+
+    conv = nn.Conv2d(3, 4, 3)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert vmap_by_default(cuda, list(conv.parameters()))
+    assert not vmap_by_default(cpu, list(conv.parameters()))
+    conv = conv.to(memory_format=torch.channels_last)  # cuDNN's backward queries this format inside vmap
+    assert not vmap_by_default(cuda, list(conv.parameters()))

@@ -169,3 +169,12 @@ def test_channels_last_auto_is_off_on_cpu_and_explicit_setting_wins():
     t.sampler.start_epoch(0)
     x, _ = t.train_data.batch(t.sampler.take(4), train=True)
     assert t.channels_last and x.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_cudnn_autotuning_is_off_only_while_the_batch_is_elastic():
+    from triaccel.trainer import cudnn_benchmark_for
+
+    assert cudnn_benchmark_for(small_cfg(mode="amp"))
+    assert not cudnn_benchmark_for(small_cfg(mode="triaccel"))  # memory-elastic batch on by default
+    assert cudnn_benchmark_for(small_cfg(**{"mode": "triaccel", "triaccel.batch.enabled": False}))
+    assert cudnn_benchmark_for(small_cfg(**{"mode": "triaccel", "cudnn_benchmark": True}))

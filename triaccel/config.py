@@ -186,7 +186,10 @@ class TrainConfig:
     # NHWC activations and weights. null (default): on for conv models on CUDA, where the H200
     # measured 1.7-2x the NCHW step at batch 512 (bench/results/h200_step_breakdown.json), off on CPU.
     channels_last: Optional[bool] = None
-    cudnn_benchmark: bool = True  # cuDNN autotuning: note every new batch size is tuned again
+    # cuDNN autotuning. null (default): on for a fixed batch (H200, channels_last, B=512 bf16: 52.9k
+    # against 43.7k img/s untuned), off while the memory-elastic batch moves, since every new batch
+    # size is tuned again (fp32 B=512 NCHW first epoch: 7.9 s tuned, 2.7 s untuned; h200_baselines_bs512*.json).
+    cudnn_benchmark: Optional[bool] = None
     eval_batch_size: int = 1024
     evaluate_test: bool = True  # final test-set evaluation (never used for selection)
     memory_limit_fraction: Optional[float] = None  # torch.cuda.set_per_process_memory_fraction

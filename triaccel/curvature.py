@@ -41,6 +41,16 @@ def fisher_proxy(sumsq: torch.Tensor, n_examples: int) -> torch.Tensor:
     return sumsq * float(n_examples)
 
 
+def vmap_by_default(device: torch.device, params: list[torch.Tensor]) -> bool:
+    """One vmapped backward per chunk of HVPs on GPUs, except for NHWC (channels_last) weights:
+    cuDNN's convolution backward asks for their memory format inside vmap, which torch 2.11 does
+    not implement (RuntimeError "NYI: querying is_contiguous inside of vmap", seen on the H200).
+    Those probes run one backward per vector instead."""
+    nhwc = any(p.dim() == 4 and not p.is_contiguous() and p.is_contiguous(memory_format=torch.channels_last)
+               for p in params)
+    return device.type == "cuda" and not nhwc
+
+
 class HessianProbe:
     def __init__(self, model: nn.Module, layer_params: list[list[torch.nn.Parameter]], top_k: int = 5,
                  max_iters: int = 20, tol: float = 1e-3, mode: str = "batched", seed: int = 0,
@@ -58,7 +68,8 @@ class HessianProbe:
         self.last_iters = 0
         self.last_hvps = 0
         dev = next(p for ps in layer_params for p in ps).device
-        self.vmap = dev.type == "cuda" if vmap is None else vmap  # one vmapped backward per chunk on GPUs
+        params = [p for ps in layer_params for p in ps]
+        self.vmap = vmap_by_default(dev, params) if vmap is None else vmap
         self.chunk = max(1, chunk)
 
     def _init_v(self, d: int, k: int, like: torch.Tensor) -> torch.Tensor:
@@ -153,12 +164,18 @@ class HessianProbe:
                             v, sgn = vecs[li]
                             t[b] = sgn * v[start:start + p.numel()].view_as(p)
                     cot.append(t)
+            rows = None
             if self.vmap:
-                hv = torch.autograd.grad(flat_g, params, grad_outputs=cot, retain_graph=True,
-                                         is_grads_batched=True, allow_unused=True)
-                hv = [torch.zeros_like(c) if h is None else h for h, c in zip(hv, cot)]
-                rows = [[h[b] for h in hv] for b in range(len(chunk))]
-            else:
+                try:
+                    hv = torch.autograd.grad(flat_g, params, grad_outputs=cot, retain_graph=True,
+                                             is_grads_batched=True, allow_unused=True)
+                    hv = [torch.zeros_like(c) if h is None else h for h, c in zip(hv, cot)]
+                    rows = [[h[b] for h in hv] for b in range(len(chunk))]
+                except RuntimeError as e:  # an op without a batching rule: one backward per vector from now on
+                    if "vmap" not in str(e):
+                        raise
+                    self.vmap = False
+            if rows is None:
                 rows = []
                 for b in range(len(chunk)):
                     out = torch.autograd.grad(flat_g, params, grad_outputs=[c[b] for c in cot], retain_graph=True,

@@ -105,6 +105,14 @@ def resolve_device(spec: str) -> torch.device:
     return dev
 
 
+def cudnn_benchmark_for(cfg: TrainConfig) -> bool:
+    """cudnn_benchmark, resolved: null autotunes a fixed batch, not one the memory-elastic
+    controller moves (each new batch size would be tuned again)."""
+    if cfg.cudnn_benchmark is not None:
+        return cfg.cudnn_benchmark
+    return not (cfg.mode == "triaccel" and cfg.triaccel.batch.enabled)
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -144,7 +152,7 @@ class Trainer:
         seed_everything(cfg.seed)
         self.device = resolve_device(cfg.device)
         if self.device.type == "cuda":
-            torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
+            torch.backends.cudnn.benchmark = cudnn_benchmark_for(cfg)
             if cfg.memory_limit_fraction:
                 torch.cuda.set_per_process_memory_fraction(cfg.memory_limit_fraction, self.device)
 
