@@ -128,8 +128,11 @@ class _FusedBase(torch.optim.Optimizer):
             raise ValueError(f"backend must be auto, triton or torch, got {backend!r}")
         super().__init__(params, defaults)
         self.backend = backend
-        self._lr_cache: tuple | None = None
+        self._lr_cache: list | None = None
         self._lr_dev: torch.Tensor | None = None
+        self._plan_key: tuple | None = None
+        self._plan_val: tuple | None = None
+        self._plan_table: torch.Tensor | None = None  # the plan's block table, built on first launch
 
     def _use_triton(self, device) -> bool:
         return self.backend == "triton" or (self.backend == "auto" and triton_usable(device))
@@ -153,6 +156,26 @@ class _FusedBase(torch.optim.Optimizer):
         self._lr_dev = host.to(device, non_blocking=True)
         self._lr_cache = lrs
         return self._lr_dev, 1.0
+
+    def _plan(self, *state_names):
+        """(params, grads, group ids, state buffers per name), validated once per memory layout.
+
+        A training loop that keeps its gradient buffers in place (zeroed, not set to None) gets
+        the same plan every step for the cost of reading the addresses; new gradient or
+        parameter storage, or a loaded state, builds it again.
+        """
+        key = tuple((p.data_ptr(), -1 if p.grad is None else p.grad.data_ptr())
+                    for g in self.param_groups for p in g["params"])
+        if key != self._plan_key:
+            ps, gs, gid = self._collect()
+            self._plan_val = (ps, gs, gid, self._state(ps, *state_names))
+            self._plan_key = key
+            self._plan_table = None
+        return self._plan_val
+
+    def load_state_dict(self, state_dict):
+        self._plan_key = None  # state buffers are replaced
+        super().load_state_dict(state_dict)
 
     def _collect(self):
         ps, gs, gid = [], [], []
@@ -207,15 +230,16 @@ class FusedSGD(_FusedBase):
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
-        ps, gs, gid = self._collect()
+        ps, gs, gid, (bufs,) = self._plan("momentum_buffer")  # zeros = torch's clone(g) at step 1 (dampening 0)
         if not ps:
             return loss
         mom, wd, nest = self._shared("momentum", "weight_decay", "nesterov")
-        (bufs,) = self._state(ps, "momentum_buffer")  # zeros = torch's clone(g) on the first step (dampening 0)
         dev = ps[0].device
         scale, found, scale_t, found_t = self._flags(dev)
         if self._use_triton(dev):
-            table = block_table([ps, gs, bufs], BLOCK, extra=gid)
+            if self._plan_table is None:
+                self._plan_table = block_table([ps, gs, bufs], BLOCK, extra=gid)
+            table = self._plan_table
             lr_dev, lr_mult = self._lrs(dev)
             _sgd_kernel[(table.shape[0],)](table, lr_dev, float(lr_mult), scale_t, found_t, float(mom), float(wd),
                                            HAS_MOMENTUM=mom != 0, NESTEROV=bool(nest), HAS_SCALE=scale is not None,
@@ -240,11 +264,10 @@ class FusedAdamW(_FusedBase):
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
-        ps, gs, gid = self._collect()
+        ps, gs, gid, (ms, vs) = self._plan("exp_avg", "exp_avg_sq")
         if not ps:
             return loss
         (b1, b2), eps, wd = self._shared("betas", "eps", "weight_decay")
-        ms, vs = self._state(ps, "exp_avg", "exp_avg_sq")
         dev = ps[0].device
         scale, found, scale_t, found_t = self._flags(dev)
         st0 = self.state[ps[0]]
@@ -256,7 +279,9 @@ class FusedAdamW(_FusedBase):
         else:
             step_t.add_(1.0)
         if self._use_triton(dev):
-            table = block_table([ps, gs, ms, vs], BLOCK, extra=gid)
+            if self._plan_table is None:
+                self._plan_table = block_table([ps, gs, ms, vs], BLOCK, extra=gid)
+            table = self._plan_table
             lr_dev, lr_mult = self._lrs(dev)
             _adamw_kernel[(table.shape[0],)](table, lr_dev, float(lr_mult), scale_t, found_t, step_t, float(b1), float(b2),
                                              float(eps), float(wd), HAS_SCALE=scale is not None,

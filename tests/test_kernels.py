@@ -193,3 +193,31 @@ def test_grad_stats_segments_and_variance_ema_match_references(device):
             assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
     var = (ref[:, 1] / numel - (ref[:, 0] / numel) ** 2).clamp_min(0)
     assert torch.allclose(state[1][0], var, rtol=1e-5, atol=1e-6)  # beta 0, then 0.9 on the same statistics: the variance itself
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_optimizer_replans_when_gradients_or_state_are_replaced(device):
+    """The per-layout plan is reused while gradients stay in place and rebuilt when they are set
+    to None and re-created, or when a state dict is loaded: results follow torch.optim throughout."""
+    if not _device_ok(device):
+        pytest.skip()
+    p1, p2, o1, o2 = _opt_pair("sgd", device, [0.1, 0.2, 0.3, 0.4, 0.5], momentum=0.9, weight_decay=1e-4)
+    g = torch.Generator().manual_seed(6)
+    plans = []
+    for step in range(5):
+        grads = [torch.randn(p.shape, generator=g).to(device) for p in p1]
+        for ps, opt in ((p1, o1), (p2, o2)):
+            if step == 2:
+                opt.zero_grad(set_to_none=True)  # new gradient storage: a new plan
+            for p, gr in zip(ps, grads):
+                if p.grad is None:
+                    p.grad = gr.clone()
+                else:
+                    p.grad.copy_(gr)  # in place: the same plan
+            if step == 3:
+                opt.load_state_dict(opt.state_dict())  # state buffers replaced: a new plan
+            opt.step()
+        plans.append(o1._plan_val)
+        assert all(torch.allclose(a, b, rtol=1e-6, atol=1e-6) for a, b in zip(p1, p2)), step
+    assert plans[0] is plans[1] and plans[1] is not plans[2] and plans[2] is not plans[3]
+    assert plans[3] is plans[4]
