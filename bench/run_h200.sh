@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The H200 benchmark runs, in one place. Usage (on the GPU machine, repo root):
-#   bash bench/run_h200.sh OUTDIR SECTION...     sections: kernels breakdown overhead profile baselines
+#   bash bench/run_h200.sh OUTDIR SECTION...
+#   sections: kernels breakdown overhead profile baselines elastic ablation search (search: needs Ray etc.)
 # Expects the CIFAR-10 JPEG tree in /tmp/cifar (tar xzf cifar10-jpeg.tar.gz -C /tmp/cifar).
 # Each section writes OUTDIR/<name>.json (profile: OUTDIR/profile/) and a log; a failing section
 # does not stop the others.
@@ -22,6 +23,11 @@ for s in "$@"; do
                  --out "$out/h200_baselines_bs512_channels_last.json"
                python3 bench/train_baselines.py --data-dir $data --batches 512 --epochs 3 --set cudnn_benchmark=false \
                  --out "$out/h200_baselines_bs512_nobench.json" ;;
+    elastic)   python3 bench/triaccel_bench.py elastic --data-dir $data --epochs 8 --budget-gb 2.0 \
+                 --out "$out/h200_elastic.json" ;;
+    ablation)  python3 bench/triaccel_bench.py ablation --data-dir $data --epochs 3 --out "$out/h200_ablation.json" ;;
+    search)    python3 bench/search_bench.py --data-dir $data --trials 16 --epochs 2 --batch 256 --which alone,packed \
+                 --out "$out/h200_search.json" ;;
     *) echo "unknown section $s" ;;
   esac 2>&1 | tee "$out/$s.log"
   echo "== $s done in $(( $(date +%s) - t0 )) s" | tee -a "$out/times.log"

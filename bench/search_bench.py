@@ -63,9 +63,9 @@ def main():
     space.update(trials=args.trials, scheduler="none", sampler="random", seed=0, grace_period=1)
     res = {}
     which = args.which.split(",")
-    for label, conc, gpt in (("packed", args.packed, 1.0 / args.packed), ("alone", 1, 1.0)):
-        if label not in which:
-            continue
+    setups = {"packed": (args.packed, 1.0 / args.packed), "alone": (1, 1.0)}
+    for label in which:  # in the order asked: a run cut by a time limit keeps the first
+        conc, gpt = setups[label]
         space.update(concurrency=conc, gpus_per_trial=gpt)
         p = Path(f"/tmp/space_{label}.yaml")
         p.write_text(yaml.safe_dump(space))
