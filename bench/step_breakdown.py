@@ -6,10 +6,11 @@ Variants (each: warmed up, median of synchronised blocks via triaccel.measure.be
   plain            the guide's loop: fixed device batch, torch.optim.SGD, autocast, NCHW
   plain_cl         the same in channels_last
   plain_data       plain + our device-resident crop/flip/normalise batch every step
-  trainer          Trainer.train_step (static AMP) with its real input pipeline
+  trainer          Trainer.train_step (static AMP, defaults: NHWC on CUDA) with its real input pipeline
   trainer_fixed    Trainer.train_step with the batch fixed (isolates the input pipeline)
-  trainer_cl       Trainer with channels_last=true
+  trainer_nchw     Trainer with channels_last=false (the default before the first run of this script)
   trainer_nobench  Trainer with cudnn_benchmark=false
+  trainer_triton_data  Trainer with data.kernel=triton (batch assembled in one launch)
 Every variant runs the same ResNet-18 at the same batch and dtype.
 """
 from __future__ import annotations
@@ -102,8 +103,9 @@ def main():
             r = {"plain": time_plain(t, b, dtype), "plain_cl": time_plain(t, b, dtype, channels_last=True),
                  "plain_data": time_plain(t, b, dtype, data=True), "trainer": time_trainer(t, b)}
             r["trainer_fixed"] = time_trainer(trainer(args, b, dtype), b, fixed=True)
-            r["trainer_cl"] = time_trainer(trainer(args, b, dtype, channels_last="true"), b)
+            r["trainer_nchw"] = time_trainer(trainer(args, b, dtype, channels_last="false"), b)
             r["trainer_nobench"] = time_trainer(trainer(args, b, dtype, cudnn_benchmark="false"), b)
+            r["trainer_triton_data"] = time_trainer(trainer(args, b, dtype, **{"data.kernel": "triton"}), b)
             torch.backends.cudnn.benchmark = True
             out = {k: {"median_ms": 1e3 * v["median_s"], "mean_ms": 1e3 * v["mean_s"], "std_ms": 1e3 * v["std_s"],
                        "img_s": b / v["median_s"]} for k, v in r.items()}

@@ -4,6 +4,8 @@
   from those sums, one launch (``variance_ema_triton`` / ``reference.variance_ema_ref``).
 - ``grad_stats``: per-tensor sum, sum of squares and non-finite count of many tensors in one
   launch (``grad_stats_triton`` / ``reference.grad_stats_ref``).
+- ``augment.gather_augment_triton``: a batch gathered from the resident uint8 dataset, padded,
+  cropped, flipped and normalised in one launch (``reference.gather_augment_ref``).
 - ``FusedSGD`` / ``FusedAdamW``: one-launch optimizer steps with a per-layer lr array, the
   GradScaler's unscale and inf-skip fused in (``reference.sgd_step_ref`` / ``adamw_step_ref``).
 

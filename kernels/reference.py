@@ -72,3 +72,23 @@ def adamw_step_ref(params, grads, exp_avgs, exp_avg_sqs, lrs, step: int, *, beta
         m.lerp_(g, 1 - beta1)
         v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
         p.addcdiv_(m, (v.sqrt() / bc2s).add_(eps), value=-float(lr) / bc1)
+
+
+def gather_augment_ref(x: torch.Tensor, idx: torch.Tensor, draws, mean: torch.Tensor, inv_std: torch.Tensor,
+                       padding: int, channels_last: bool = False) -> torch.Tensor:
+    """Gather ``x[idx]`` (uint8 [N, C, H, W]), then, with ``draws = (oy, ox, flip)``, zero-pad by
+    ``padding`` and crop H x W at (oy, ox), flip where ``flip``; scale to [0, 1] and normalise
+    per channel (mean, inv_std: [C] or [1, C, 1, 1]); float32 in the asked layout."""
+    xb = x[idx]
+    n, c, h, w = xb.shape
+    if draws is not None and n:
+        oy, ox, flip = draws
+        if padding > 0:
+            xp = torch.nn.functional.pad(xb, (padding, padding, padding, padding))
+            rows = oy[:, None] + torch.arange(h, device=x.device)[None, :]
+            cols = ox[:, None] + torch.arange(w, device=x.device)[None, :]
+            b = torch.arange(n, device=x.device)[:, None, None]
+            xb = xp.permute(0, 2, 3, 1)[b, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
+        xb = torch.where(flip[:, None, None, None], xb.flip(3), xb)
+    out = xb.float().mul_(1.0 / 255).sub_(mean.view(1, c, 1, 1)).mul_(inv_std.view(1, c, 1, 1))
+    return out.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)

@@ -4,7 +4,8 @@ import torch
 from PIL import Image
 
 from triaccel.config import DataConfig
-from triaccel.data import ElasticSampler, ResidentData, load_splits, random_crop_flip, stratified_split
+from triaccel.data import ElasticSampler, ResidentData, load_splits, stratified_split
+from triaccel.kernels.reference import gather_augment_ref
 from triaccel.errors import DataError
 
 
@@ -49,16 +50,55 @@ def test_elastic_sampler_never_loses_or_repeats(seed):
     assert torch.equal(s2.take(1000), rest)
 
 
+def _raw(x):  # undo the normalisation of gather_augment_ref with mean 0, inv_std 1
+    return (x * 255).round().to(torch.uint8)
+
+
 def test_crop_flip_shapes_and_content():
-    g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 255, (16, 3, 8, 8), dtype=torch.uint8)
-    y = random_crop_flip(x, 2, g)
-    assert y.shape == x.shape and y.dtype == torch.uint8
+    idx = torch.arange(16)
+    zero, one = torch.zeros(3), torch.ones(3)
+    g = torch.Generator().manual_seed(0)
+    oy, ox = torch.randint(0, 5, (16,), generator=g), torch.randint(0, 5, (16,), generator=g)
+    flip = torch.rand(16, generator=g) < 0.5
+    y = _raw(gather_augment_ref(x, idx, (oy, ox, flip), zero, one, padding=2))
+    assert y.shape == x.shape
+    for i in range(16):  # each output is its image shifted by (oy-2, ox-2), zero-filled, then maybe mirrored
+        img = y[i].flip(2) if flip[i] else y[i]
+        dy, dx = int(oy[i]) - 2, int(ox[i]) - 2
+        for r in range(8):
+            for c in range(8):
+                sr, sc = r + dy, c + dx
+                want = x[i, :, sr, sc] if 0 <= sr < 8 and 0 <= sc < 8 else torch.zeros(3, dtype=torch.uint8)
+                assert torch.equal(img[:, r, c], want)
     # without padding, each image is itself or its mirror
-    z = random_crop_flip(x, 0, g)
+    z = _raw(gather_augment_ref(x, idx, (oy * 0, ox * 0, flip), zero, one, padding=0))
     for a, b in zip(x, z):
         assert torch.equal(a, b) or torch.equal(a.flip(2), b)
-    assert random_crop_flip(x[:0], 2, g).shape[0] == 0
+    assert gather_augment_ref(x, idx[:0], None, zero, one, padding=2).shape[0] == 0
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("train", [True, False])
+def test_triton_batch_assembly_matches_the_torch_path(channels_last, train):
+    """kernels/augment.py (interpreter on CPU) against the reference: same draws, same batch."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("needs Triton")
+    sp = load_splits(DataConfig(name="digits"))
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    rds = [ResidentData(sp.train, dev, sp.mean, sp.std, augment=True, padding=3, seed=5, kernel=k)
+           for k in ("torch", "triton")]
+    idx = torch.tensor([0, 17, 5, 1000, 3, 3])
+    outs = []
+    for rd in rds:
+        rd.channels_last = channels_last
+        outs.append(rd.batch(idx, train=train))
+    (xa, ya), (xb, yb) = outs
+    assert torch.equal(ya, yb)
+    assert xb.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    assert torch.allclose(xa, xb, rtol=1e-6, atol=1e-5), float((xa - xb).abs().max())
 
 
 def test_resident_batch_normalises():

@@ -232,7 +232,7 @@ class ResidentData:
     """
 
     def __init__(self, data: ImageSet, device: torch.device, mean, std, *, augment: bool,
-                 padding: int, resident: bool = True, seed: int = 0):
+                 padding: int, resident: bool = True, seed: int = 0, kernel: str = "torch"):
         self.device = device
         self.resident = resident or device.type == "cpu"
         store = device if self.resident else torch.device("cpu")
@@ -246,41 +246,45 @@ class ResidentData:
         self.augment = augment
         self.padding = padding
         self.gen = torch.Generator(device=device).manual_seed(seed)
-        self.channels_last = False  # set by the trainer with `channels_last: true`
+        self.channels_last = False  # set by the trainer (`channels_last`)
+        # "triton": one launch per batch (kernels/augment.py); "torch": the reference's dozen launches
+        if kernel not in ("triton", "torch"):
+            raise ValueError(f"kernel must be triton or torch, got {kernel!r}")
+        self.use_triton = self.resident and kernel == "triton"
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
 
+    def draws(self, n: int):
+        """This batch's random crop offsets and flips, from the split's seeded generator."""
+        dev = self.gen.device
+        if self.padding > 0:
+            oy = torch.randint(0, 2 * self.padding + 1, (n,), device=dev, generator=self.gen)
+            ox = torch.randint(0, 2 * self.padding + 1, (n,), device=dev, generator=self.gen)
+        else:
+            oy = ox = torch.zeros(n, dtype=torch.long, device=dev)
+        flip = torch.rand(n, device=dev, generator=self.gen) < 0.5
+        return oy, ox, flip
+
     def batch(self, idx: torch.Tensor, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        from triaccel.kernels.reference import gather_augment_ref
+
+        draws = self.draws(len(idx)) if train and self.augment and len(idx) else None
         if self.resident:
             idx = idx.to(self.x.device, non_blocking=True)
-            x, y = self.x[idx], self.y[idx]
-        else:
-            x = self.x[idx].to(self.device, non_blocking=True)
-            y = self.y[idx].to(self.device, non_blocking=True)
-        if train and self.augment:
-            x = random_crop_flip(x, self.padding, self.gen)
-        x = x.float().mul_(1.0 / 255).sub_(self.mean).mul_(self.inv_std)
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return x, y
+            y = self.y[idx]
+            if self.use_triton:
+                from triaccel.kernels.augment import gather_augment_triton
 
-
-def random_crop_flip(x: torch.Tensor, padding: int, gen: torch.Generator) -> torch.Tensor:
-    """Zero-pad by ``padding``, crop back to HxW at a random offset per image, flip half (uint8 in, uint8 out)."""
-    n, c, h, w = x.shape
-    if n == 0:
-        return x
-    if padding > 0:
-        xp = F.pad(x, (padding, padding, padding, padding))
-        oy = torch.randint(0, 2 * padding + 1, (n,), device=x.device, generator=gen)
-        ox = torch.randint(0, 2 * padding + 1, (n,), device=x.device, generator=gen)
-        rows = (oy[:, None] + torch.arange(h, device=x.device)[None, :])  # [n, h]
-        cols = (ox[:, None] + torch.arange(w, device=x.device)[None, :])  # [n, w]
-        b = torch.arange(n, device=x.device)[:, None, None]
-        x = xp.permute(0, 2, 3, 1)[b, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
-    flip = torch.rand(n, device=x.device, generator=gen) < 0.5
-    return torch.where(flip[:, None, None, None], x.flip(3), x).contiguous()
+                x = gather_augment_triton(self.x, idx, draws, self.mean, self.inv_std, self.padding,
+                                          self.channels_last)
+            else:
+                x = gather_augment_ref(self.x, idx, draws, self.mean, self.inv_std, self.padding, self.channels_last)
+            return x, y
+        x = self.x[idx].to(self.device, non_blocking=True)
+        y = self.y[idx].to(self.device, non_blocking=True)
+        local = torch.arange(len(idx), device=self.device)
+        return gather_augment_ref(x, local, draws, self.mean, self.inv_std, self.padding, self.channels_last), y
 
 
 # --------------------------------------------------------------------------- elastic sampler

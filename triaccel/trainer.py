@@ -161,7 +161,8 @@ class Trainer:
         sp, dc = self.splits, cfg.data
         before = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
         mk = lambda s, aug, seed: ResidentData(s, self.device, sp.mean, sp.std, augment=aug and dc.augment,
-                                               padding=dc.crop_padding, resident=dc.device_resident, seed=seed)
+                                               padding=dc.crop_padding, resident=dc.device_resident, seed=seed,
+                                               kernel=dc.kernel)
         self.train_data = mk(sp.train, True, cfg.seed)
         self.val_data = mk(sp.val, False, 0)
         self.test_data = mk(sp.test, False, 0)
