@@ -47,13 +47,16 @@ def _accumulate(ptr, offs, n, acc, acc2, bad):
 
 @triton.jit
 def _grad_stats_kernel(table_ptr, out_ptr, DTYPE: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr,
-                       UNROLL: tl.constexpr):
+                       UNROLL: tl.constexpr, LANES: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     row = table_ptr + pid * 5
     ptr = tl.load(row).to(tl.pointer_type(DTYPE))
     start = tl.load(row + 1)
     n = tl.load(row + 2)
-    seg = tl.load(row + 4)  # output row: the tensor's own, or its group's (segments)
+    # output row: the tensor's own, or its group's (segments); with LANES > 1 the programs of one
+    # row spread their atomics over LANES copies of it (summed after), so a big tensor's thousands
+    # of programs do not all wait on the same three addresses
+    seg = tl.load(row + 4) * LANES + pid % LANES
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK], dtype=tl.float32)
     bad = tl.zeros([BLOCK], dtype=tl.float32)
@@ -71,7 +74,8 @@ def _grad_stats_kernel(table_ptr, out_ptr, DTYPE: tl.constexpr, BLOCK: tl.conste
 
 def grad_stats_triton(tensors: list[torch.Tensor], out: torch.Tensor | None = None, block: int | None = None,
                       iters: int | None = None, num_warps: int = 4, unroll: bool = False,
-                      segments: list[int] | None = None, n_segments: int | None = None) -> torch.Tensor:
+                      segments: list[int] | None = None, n_segments: int | None = None,
+                      lanes: int = 1) -> torch.Tensor:
     """Triton version of ``grad_stats_ref``: float32 [n, 3] of (sum, sumsq, nonfinite).
 
     ``segments[i]`` sends tensor i's sums to output row ``segments[i]`` (rows summed, e.g. one
@@ -89,6 +93,7 @@ def grad_stats_triton(tensors: list[torch.Tensor], out: torch.Tensor | None = No
         out = torch.zeros(n_out, 3, dtype=torch.float32, device=dev)
     else:
         out.zero_()
+    target = out if lanes == 1 else torch.zeros(n_out * lanes, 3, dtype=torch.float32, device=dev)
     by_dtype: dict = {}
     for i, t in enumerate(tensors):
         if t.dtype not in _TL:
@@ -100,8 +105,10 @@ def grad_stats_triton(tensors: list[torch.Tensor], out: torch.Tensor | None = No
         table = block_table([[tensors[i] for i in idx]], block * iters, extra=[rows[i] for i in idx])
         if table.shape[0] == 0:
             continue
-        _grad_stats_kernel[(table.shape[0],)](table, out, DTYPE=_TL[dt], BLOCK=block, ITERS=iters,
-                                              UNROLL=unroll, num_warps=num_warps)
+        _grad_stats_kernel[(table.shape[0],)](table, target, DTYPE=_TL[dt], BLOCK=block, ITERS=iters,
+                                              UNROLL=unroll, LANES=lanes, num_warps=num_warps)
+    if lanes > 1:
+        torch.sum(target.view(n_out, lanes, 3), dim=1, out=out)
     return out
 
 
