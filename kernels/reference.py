@@ -10,14 +10,21 @@ import math
 import torch
 
 
+def segment_rows(n: int, segments: list[int] | None, n_segments: int | None) -> tuple[list[int], int]:
+    """(output row of each of n tensors, number of output rows): one row each unless ``segments``."""
+    if segments is None:
+        return list(range(n)), n
+    rows = list(segments)
+    return rows, n_segments if n_segments is not None else max(rows, default=-1) + 1
+
+
 def grad_stats_ref(tensors: list[torch.Tensor], segments: list[int] | None = None,
                    n_segments: int | None = None) -> torch.Tensor:
     """Per tensor: [sum, sum of squares, count of non-finite values], float32 [n, 3].
 
     With ``segments``, tensor i's row is added into output row ``segments[i]``."""
     dev = tensors[0].device if tensors else torch.device("cpu")
-    rows = list(range(len(tensors))) if segments is None else list(segments)
-    n_out = len(tensors) if segments is None else (n_segments if n_segments is not None else max(rows, default=-1) + 1)
+    rows, n_out = segment_rows(len(tensors), segments, n_segments)
     out = torch.zeros(n_out, 3, dtype=torch.float32, device=dev)
     for i, t in zip(rows, tensors):
         if t.numel() == 0:
@@ -35,7 +42,9 @@ def variance_ema_ref(stats: torch.Tensor, numel: torch.Tensor, ema: torch.Tensor
                      fisher_acc: torch.Tensor, beta: float, n_examples: int) -> None:
     """§3.1's update from per-layer (sum, sumsq, nonfinite), in place:
     v <- beta v + (1 - beta) Var[g] (beta = 0 starts the average), non-finite counts added, and the
-    Fisher proxy's n * ||g||^2 accumulated."""
+    Fisher proxy n * ||g_l||^2 accumulated. (For a mini-batch mean gradient of n examples,
+    E||g_l||^2 = ||grad L_l||^2 + tr(Sigma_l)/n, so n * ||g_l||^2 estimates the trace of the
+    layer's empirical Fisher block when noise dominates: an upper bound on its top eigenvalue.)"""
     mean = stats[:, 0] / numel
     var = (stats[:, 1] / numel - mean * mean).clamp_min(0)
     ema.mul_(beta).add_(var, alpha=1 - beta)

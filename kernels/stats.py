@@ -17,13 +17,14 @@ import triton
 import triton.language as tl
 
 from triaccel.kernels._table import block_table
+from triaccel.kernels.reference import segment_rows
 
 BLOCK = 1024  # values per load (4 warps: 8 per thread)
 # Loads per program, in a loop (a program covers BLOCK * ITERS values, then makes 3 atomics).
 # Swept on the H200 (bench/results/h200_kernels.json, 13 launch shapes): on 112 M values a
-# 1024 x 16 loop was best (131 us, 83 % of copy bandwidth; the old unrolled 4096 x 8: 242 us);
-# on ResNet-18's 11.2 M values every shape timed 60-75 us, the host's launch cost, so the
-# smaller ITERS there only keeps enough programs to fill the GPU.
+# 1024 x 16 loop was best (130 us, 84 % of copy bandwidth; the old unrolled 4096 x 8: 245 us);
+# on ResNet-18's 11.2 M values a 1024 x 4 loop was (24.6 us); fewer iterations keep enough
+# programs to fill the GPU when the model is small.
 ITERS_SMALL, ITERS_LARGE, LARGE = 4, 16, 50_000_000
 
 def _dense(t: torch.Tensor) -> bool:
@@ -87,8 +88,7 @@ def grad_stats_triton(tensors: list[torch.Tensor], out: torch.Tensor | None = No
     if iters is None:
         iters = ITERS_LARGE if sum(t.numel() for t in tensors) > LARGE else ITERS_SMALL
     dev = tensors[0].device if tensors else torch.device("cpu")
-    rows = list(range(n)) if segments is None else list(segments)
-    n_out = n if segments is None else (n_segments if n_segments is not None else max(rows, default=-1) + 1)
+    rows, n_out = segment_rows(n, segments, n_segments)
     if out is None:
         out = torch.zeros(n_out, 3, dtype=torch.float32, device=dev)
     else:

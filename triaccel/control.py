@@ -50,11 +50,9 @@ class TriAccelLoop(Callback):
         groups = tr.optimizer.param_groups  # one per layer, in the same order, then "_other"
         assert [g["name"] for g in groups[:self.L]] == self.names
         self.tensors = [p for g in groups for p in g["params"]]
-        self.tensor_group_list = [gi for gi, g in enumerate(groups) for _ in g["params"]]
-        self.tensor_group = torch.tensor(self.tensor_group_list, device=dev)
+        self.tensor_group = [gi for gi, g in enumerate(groups) for _ in g["params"]]  # each tensor's layer row
         self.n_groups = len(groups)
-        self.group_numel = torch.zeros(self.n_groups, device=dev).index_add_(
-            0, self.tensor_group, torch.tensor([float(p.numel()) for p in self.tensors], device=dev))
+        self.group_numel = torch.tensor([float(sum(p.numel() for p in g["params"])) for g in groups], device=dev)
         self.ema = torch.zeros(self.n_groups, device=dev)
         self.ema_ready = False
         self.nonfinite = torch.zeros(self.n_groups, device=dev)
@@ -107,7 +105,7 @@ class TriAccelLoop(Callback):
             return  # neither the precision controller nor the Fisher proxy reads them: no launch
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.tensors]
         # two launches on CUDA: per-layer sums straight into one row per group, then the EMA update
-        per = grad_stats(grads, backend=self.kernel_backend, segments=self.tensor_group_list,
+        per = grad_stats(grads, backend=self.kernel_backend, segments=self.tensor_group,
                          n_segments=self.n_groups)
         beta = self.cfg.precision.beta if self.ema_ready else 0.0  # the first window starts the average
         variance_ema(per, self.group_numel, self.ema, self.nonfinite, self.fisher_acc, beta, n_examples,

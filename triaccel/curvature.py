@@ -20,8 +20,8 @@ theta converges to the k eigenvalues of H_ll of largest magnitude. What keeps it
   PyHessian differentiates), and its running statistics are snapshotted and restored, so the
   probe leaves no trace in the model.
 
-The Fisher alternative costs nothing extra: the control loop derives it from the gradient
-statistics it already has (``fisher_proxy``).
+The Fisher alternative costs nothing extra: the control loop accumulates n * ||g_l||^2 from
+the gradient statistics it already has (``triaccel.kernels.variance_ema``).
 """
 from __future__ import annotations
 
@@ -29,16 +29,6 @@ from typing import Callable
 
 import torch
 import torch.nn as nn
-
-
-def fisher_proxy(sumsq: torch.Tensor, n_examples: int) -> torch.Tensor:
-    """Per-layer curvature proxy from a mini-batch mean gradient g_l of n examples.
-
-    E||g_l||^2 = ||grad L_l||^2 + tr(Sigma_l)/n, so n * ||g_l||^2 estimates the trace of the
-    layer's empirical Fisher block when noise dominates: an upper bound on its top eigenvalue
-    (Gauss-Newton blocks are positive semi-definite). Zero extra passes.
-    """
-    return sumsq * float(n_examples)
 
 
 def vmap_by_default(device: torch.device, params: list[torch.Tensor]) -> bool:

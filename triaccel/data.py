@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from triaccel.config import DataConfig
+from triaccel.kernels.reference import gather_augment_ref
 from triaccel.errors import DataError
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
@@ -251,6 +252,11 @@ class ResidentData:
         if kernel not in ("triton", "torch"):
             raise ValueError(f"kernel must be triton or torch, got {kernel!r}")
         self.use_triton = self.resident and kernel == "triton"
+        if self.use_triton:
+            from triaccel.kernels.augment import gather_augment_triton as assemble
+        else:
+            assemble = gather_augment_ref
+        self._assemble = assemble
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -267,20 +273,11 @@ class ResidentData:
         return oy, ox, flip
 
     def batch(self, idx: torch.Tensor, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        from triaccel.kernels.reference import gather_augment_ref
-
         draws = self.draws(len(idx)) if train and self.augment and len(idx) else None
         if self.resident:
             idx = idx.to(self.x.device, non_blocking=True)
-            y = self.y[idx]
-            if self.use_triton:
-                from triaccel.kernels.augment import gather_augment_triton
-
-                x = gather_augment_triton(self.x, idx, draws, self.mean, self.inv_std, self.padding,
-                                          self.channels_last)
-            else:
-                x = gather_augment_ref(self.x, idx, draws, self.mean, self.inv_std, self.padding, self.channels_last)
-            return x, y
+            return self._assemble(self.x, idx, draws, self.mean, self.inv_std, self.padding, self.channels_last), \
+                self.y[idx]
         x = self.x[idx].to(self.device, non_blocking=True)
         y = self.y[idx].to(self.device, non_blocking=True)
         local = torch.arange(len(idx), device=self.device)
