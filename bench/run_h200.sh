@@ -4,12 +4,13 @@
 #   sections: kernels breakdown overhead profile baselines elastic ablation search (search: needs Ray etc.)
 # Expects the CIFAR-10 JPEG tree in /tmp/cifar (tar xzf cifar10-jpeg.tar.gz -C /tmp/cifar).
 # Each section writes OUTDIR/<name>.json (profile: OUTDIR/profile/) and a log; a failing section
-# does not stop the others.
+# does not stop the others. SECTION_TIMEOUT=S (seconds) stops any one section after S seconds.
 set -u
 out=$1; shift
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 data=/tmp/cifar
+python3() { timeout -k 10 "${SECTION_TIMEOUT:-0}" /usr/bin/env python3 "$@"; }
 for s in "$@"; do
   t0=$(date +%s)
   case $s in

@@ -111,7 +111,12 @@ def overhead(args):
                                                                "tri_full_fisher",
                                                                "tri_full_fisher_torch_kernels",
                                                                "tri_full_fisher_default_thresholds")}
-    res = {}
+    res, probes = {}, {}
+
+    def save():  # after every batch size and probe: a run cut by a time limit keeps what it measured
+        write(args.out, {"what": "step time per controller at a fixed batch; probe cost at paper settings",
+                         "step": res, "curvature_probe": probes})
+
     for b in [int(x) for x in args.batches.split(",")]:
         # curvature refresh excluded from step timing (every: huge); measured below
         trainers = {name: make(cfg_for(args, batch_size=b, **over, **{"triaccel.curvature.every": 10**9}))[0]
@@ -124,8 +129,8 @@ def overhead(args):
         base = res[f"amp_bf16_bs{b}"]["median_ms"]
         for name in variants:
             res[f"{name}_bs{b}"]["vs_amp_pct"] = 100 * (res[f"{name}_bs{b}"]["median_ms"] / base - 1)
+        save()
     # curvature probe at the paper's settings: k=5, b_curv=32, amortised over T_curv=200
-    probes = {}
     probe_modes = (("exact", {}), ("batched", {}), ("exact_k1", {"triaccel.curvature.top_k": 1}),
                    ("batched_k1", {"triaccel.curvature.top_k": 1}))
     for mode, extra in probe_modes[1:] if (args.quick or args.skip_exact) else probe_modes:
@@ -151,8 +156,7 @@ def overhead(args):
         print("probe", mode, probes[mode], flush=True)
         del t, loop
         torch.cuda.empty_cache()
-    write(args.out, {"what": "step time per controller at a fixed batch; probe cost at paper settings",
-                     "step": res, "curvature_probe": probes})
+        save()
 
 
 def run_epochs(cfg, log_prefix):
