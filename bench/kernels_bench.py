@@ -66,12 +66,9 @@ def bench_stats(ts) -> dict:
     configs = [(4096, 1, 8, True), (2048, 1, 4, True), (1024, 1, 4, True), (2048, 2, 4, True), (2048, 4, 4, True),
                (4096, 8, 8, True), (1024, 4, 4, False), (1024, 16, 4, False), (2048, 8, 4, False),
                (2048, 8, 8, False), (4096, 4, 8, False), (1024, 32, 4, False), (512, 32, 2, False)]
-    configs = [c + (1,) for c in configs] + [(1024, 4, 4, False, 8), (1024, 16, 4, False, 8), (4096, 1, 8, True, 16),
-                                             (1024, 1, 4, True, 32)]  # atomics spread over lanes
-    for block, iters, warps, unroll, lanes in configs:
-        key = f"B{block}_I{iters}_W{warps}_{'U' if unroll else 'L'}" + (f"_lanes{lanes}" if lanes > 1 else "")
-        sweep[key] = timeit(lambda: grad_stats_triton(ts, block=block, iters=iters, num_warps=warps, unroll=unroll,
-                                                      lanes=lanes))
+    for block, iters, warps, unroll in configs:
+        key = f"B{block}_I{iters}_W{warps}_{'U' if unroll else 'L'}"
+        sweep[key] = timeit(lambda: grad_stats_triton(ts, block=block, iters=iters, num_warps=warps, unroll=unroll))
     out["triton_sweep_us"] = sweep
     out["triton_default_us"] = timeit(lambda: grad_stats_triton(ts))
     # GPU time alone: each path captured once in a CUDA graph and replayed (no host launch cost)

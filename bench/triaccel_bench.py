@@ -82,9 +82,51 @@ def interleaved(trainers: dict, blocks: int = 21, per_block: int = 20, warm: int
                 steps[name]()
             sync(t.device)
             times[name].append((time.perf_counter() - t0) / per_block)
+    first = next(iter(times.values()))
+
+    def paired(v):  # block r of a variant against block r of the first: drift between blocks cancels
+        q = statistics.quantiles([100 * (a / b - 1) for a, b in zip(v, first)], n=4)
+        return {"paired_vs_first_pct_median": q[1], "paired_vs_first_pct_iqr": [q[0], q[2]]}
+
     return {name: {"median_ms": 1e3 * statistics.median(v), "mean_ms": 1e3 * statistics.fmean(v),
-                   "std_ms": 1e3 * statistics.stdev(v), "blocks": blocks, "steps_per_block": per_block}
+                   "std_ms": 1e3 * statistics.stdev(v), "blocks": blocks, "steps_per_block": per_block, **paired(v)}
             for name, v in times.items()}
+
+
+def device_profile(t, steps: int = 10) -> dict | None:
+    """What one step puts on the GPU (torch.profiler, CUDA activity): kernels/memsets/copies per
+    step, their summed device time, and the ops that take it. Exact counts, unlike wall time."""
+    if t.device.type != "cuda":
+        return None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    def step():
+        if t.sampler.remaining < t.batch_size:
+            t.sampler.start_epoch(t.sampler.epoch + 1)
+        t.train_step(t.sampler.take(t.batch_size))
+
+    for _ in range(3):
+        step()
+    sync(t.device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        for _ in range(steps):
+            step()
+        sync(t.device)
+    by_name: dict = {}
+    n, us = 0, 0.0
+    for e in p.events():
+        if e.device_type == DeviceType.CUDA:
+            d = e.time_range.elapsed_us()
+            n += 1
+            us += d
+            c = by_name.setdefault(e.name[:90], [0, 0.0])
+            c[0] += 1
+            c[1] += d
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:25]
+    return {"device_ops_per_step": n / steps, "device_us_per_step": us / steps,
+            "top": {k: {"per_step": c / steps, "us_per_step": u / steps} for k, (c, u) in top},
+            "all_counts": {k: c / steps for k, (c, _) in by_name.items()}}
 
 
 def overhead(args):
@@ -121,9 +163,16 @@ def overhead(args):
         # curvature refresh excluded from step timing (every: huge); measured below
         trainers = {name: make(cfg_for(args, batch_size=b, **over, **{"triaccel.curvature.every": 10**9}))[0]
                     for name, over in variants.items()}
-        for name, r in interleaved(trainers).items():
+        for name, r in interleaved(trainers, blocks=args.blocks).items():
             res[f"{name}_bs{b}"] = r
             print(name, b, r, flush=True)
+        if args.device_profile:
+            for name, t in trainers.items():
+                prof = device_profile(t)
+                if prof is not None:
+                    res[f"{name}_bs{b}"]["device_profile"] = prof
+                    print(name, b, "device ops/step", prof["device_ops_per_step"], "device us/step",
+                          round(prof["device_us_per_step"], 1), flush=True)
         del trainers
         torch.cuda.empty_cache()
         base = res[f"amp_bf16_bs{b}"]["median_ms"]
@@ -133,6 +182,8 @@ def overhead(args):
     # curvature probe at the paper's settings: k=5, b_curv=32, amortised over T_curv=200
     probe_modes = (("exact", {}), ("batched", {}), ("exact_k1", {"triaccel.curvature.top_k": 1}),
                    ("batched_k1", {"triaccel.curvature.top_k": 1}))
+    if args.no_probes:
+        probe_modes = ()
     for mode, extra in probe_modes[1:] if (args.quick or args.skip_exact) else probe_modes:
         cfg = cfg_for(args, mode="triaccel", **{"triaccel.curvature.probe": mode.split("_")[0], **extra,
                                                 "triaccel.curvature.max_iters": args.probe_iters})
@@ -221,6 +272,10 @@ def main():
     ap.add_argument("--skip-exact", action="store_true",
                     help="overhead: every variant, but not the exact k=5 probe (about a minute on the H200)")
     ap.add_argument("--probe-iters", type=int, default=8)
+    ap.add_argument("--blocks", type=int, default=21, help="overhead: interleaved timing blocks per variant")
+    ap.add_argument("--device-profile", action="store_true",
+                    help="overhead: also profile each variant's step on the GPU (kernels per step, device time)")
+    ap.add_argument("--no-probes", action="store_true", help="overhead: skip the curvature-probe timings")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     {"overhead": overhead, "elastic": elastic, "ablation": ablation}[args.what](args)

@@ -21,10 +21,12 @@ from triaccel.kernels.reference import segment_rows
 
 BLOCK = 1024  # values per load (4 warps: 8 per thread)
 # Loads per program, in a loop (a program covers BLOCK * ITERS values, then makes 3 atomics).
-# Swept on the H200 (bench/results/h200_kernels.json, 13 launch shapes): on 112 M values a
-# 1024 x 16 loop was best (130 us, 84 % of copy bandwidth; the old unrolled 4096 x 8: 245 us);
-# on ResNet-18's 11.2 M values a 1024 x 4 loop was (24.6 us); fewer iterations keep enough
-# programs to fill the GPU when the model is small.
+# Swept on the H200 (bench/results/h200_kernels.json, 13 launch shapes, two runs): on 112 M values
+# a 1024 x 16 loop was best both times (130-132 us, 82-84 % of copy bandwidth; the old unrolled
+# 4096 x 8: 242-245 us); on ResNet-18's 11.2 M values one call is bound by the host's launch
+# (the order of the shapes changed between runs), and a 1024 x 4 loop takes 24 us of GPU time
+# (CUDA graph) against 31 us for torch._foreach_norm; fewer iterations keep enough programs to
+# fill the GPU when the model is small.
 ITERS_SMALL, ITERS_LARGE, LARGE = 4, 16, 50_000_000
 
 def _dense(t: torch.Tensor) -> bool:
@@ -48,16 +50,16 @@ def _accumulate(ptr, offs, n, acc, acc2, bad):
 
 @triton.jit
 def _grad_stats_kernel(table_ptr, out_ptr, DTYPE: tl.constexpr, BLOCK: tl.constexpr, ITERS: tl.constexpr,
-                       UNROLL: tl.constexpr, LANES: tl.constexpr):
+                       UNROLL: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     row = table_ptr + pid * 5
     ptr = tl.load(row).to(tl.pointer_type(DTYPE))
     start = tl.load(row + 1)
     n = tl.load(row + 2)
-    # output row: the tensor's own, or its group's (segments); with LANES > 1 the programs of one
-    # row spread their atomics over LANES copies of it (summed after), so a big tensor's thousands
-    # of programs do not all wait on the same three addresses
-    seg = tl.load(row + 4) * LANES + pid % LANES
+    # output row: the tensor's own, or its group's (segments). Spreading a big tensor's atomics
+    # over several copies of its row was tried and measured no faster on the H200 (1024 x 16 loop,
+    # 112 M values: 137 us with 8 copies vs 132 us with one): the atomics are not the bottleneck.
+    seg = tl.load(row + 4)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK], dtype=tl.float32)
     bad = tl.zeros([BLOCK], dtype=tl.float32)
@@ -75,8 +77,7 @@ def _grad_stats_kernel(table_ptr, out_ptr, DTYPE: tl.constexpr, BLOCK: tl.conste
 
 def grad_stats_triton(tensors: list[torch.Tensor], out: torch.Tensor | None = None, block: int | None = None,
                       iters: int | None = None, num_warps: int = 4, unroll: bool = False,
-                      segments: list[int] | None = None, n_segments: int | None = None,
-                      lanes: int = 1) -> torch.Tensor:
+                      segments: list[int] | None = None, n_segments: int | None = None) -> torch.Tensor:
     """Triton version of ``grad_stats_ref``: float32 [n, 3] of (sum, sumsq, nonfinite).
 
     ``segments[i]`` sends tensor i's sums to output row ``segments[i]`` (rows summed, e.g. one
@@ -93,7 +94,6 @@ def grad_stats_triton(tensors: list[torch.Tensor], out: torch.Tensor | None = No
         out = torch.zeros(n_out, 3, dtype=torch.float32, device=dev)
     else:
         out.zero_()
-    target = out if lanes == 1 else torch.zeros(n_out * lanes, 3, dtype=torch.float32, device=dev)
     by_dtype: dict = {}
     for i, t in enumerate(tensors):
         if t.dtype not in _TL:
@@ -105,10 +105,8 @@ def grad_stats_triton(tensors: list[torch.Tensor], out: torch.Tensor | None = No
         table = block_table([[tensors[i] for i in idx]], block * iters, extra=[rows[i] for i in idx])
         if table.shape[0] == 0:
             continue
-        _grad_stats_kernel[(table.shape[0],)](table, target, DTYPE=_TL[dt], BLOCK=block, ITERS=iters,
-                                              UNROLL=unroll, LANES=lanes, num_warps=num_warps)
-    if lanes > 1:
-        torch.sum(target.view(n_out, lanes, 3), dim=1, out=out)
+        _grad_stats_kernel[(table.shape[0],)](table, out, DTYPE=_TL[dt], BLOCK=block, ITERS=iters,
+                                              UNROLL=unroll, num_warps=num_warps)
     return out
 
 

@@ -36,9 +36,9 @@ class DataConfig:
     crop_padding: int = 4  # pixels, for the random crop
     device_resident: bool = True  # keep the whole uint8 dataset on the training device
     cache_dir: Optional[str] = None  # decoded-image cache (default ~/.cache/triaccel)
-    # batch assembly on the device: "torch" (gather, pad, crop, flip, normalise: about a dozen launches)
-    # or "triton" (one launch, kernels/augment.py; tested against torch, not yet timed on a GPU)
-    kernel: Literal["torch", "triton"] = "torch"
+    # batch assembly on the device: "torch" (gather, pad, crop, flip, normalise: about a dozen launches),
+    # "triton" (one launch, kernels/augment.py, same batch as torch) or "auto" (triton on CUDA)
+    kernel: Literal["torch", "triton", "auto"] = "torch"
 
     def __post_init__(self):
         _check(0.0 < self.val_fraction < 1.0, "data.val_fraction", f"must be in (0, 1), got {self.val_fraction}")

@@ -248,9 +248,12 @@ class ResidentData:
         self.padding = padding
         self.gen = torch.Generator(device=device).manual_seed(seed)
         self.channels_last = False  # set by the trainer (`channels_last`)
-        # "triton": one launch per batch (kernels/augment.py); "torch": the reference's dozen launches
-        if kernel not in ("triton", "torch"):
-            raise ValueError(f"kernel must be triton or torch, got {kernel!r}")
+        # "triton": one launch per batch (kernels/augment.py); "torch": the reference's dozen launches;
+        # "auto": triton for a dataset resident on a CUDA device, torch elsewhere
+        if kernel not in ("triton", "torch", "auto"):
+            raise ValueError(f"kernel must be auto, triton or torch, got {kernel!r}")
+        if kernel == "auto":
+            kernel = "triton" if device.type == "cuda" else "torch"
         self.use_triton = self.resident and kernel == "triton"
         if self.use_triton:
             from triaccel.kernels.augment import gather_augment_triton as assemble
