@@ -164,6 +164,7 @@ def overhead(args):
         trainers = {name: make(cfg_for(args, batch_size=b, **over, **{"triaccel.curvature.every": 10**9}))[0]
                     for name, over in variants.items()}
         for name, r in interleaved(trainers, blocks=args.blocks).items():
+            r["optimizer_plan_builds"] = getattr(trainers[name].optimizer, "plan_builds", None)
             res[f"{name}_bs{b}"] = r
             print(name, b, r, flush=True)
         if args.device_profile:

@@ -2,8 +2,10 @@
 
 Each row describes one program's block: the tensors' addresses, the block's start inside the
 tensor, the tensor's length and its segment (tensor index). Built once with numpy and cached
-by the tensors' addresses and sizes, so a training loop whose buffers stay put (gradients
-zeroed in place, not set to None) pays for it once.
+by the tensors' addresses and sizes: a training loop gets its gradients from the caching
+allocator at the same addresses step after step, and pays for a table once per address set.
+A new table travels from pinned memory without blocking the host (a pageable copy would wait
+for the GPU to drain the stream).
 """
 from __future__ import annotations
 
@@ -28,7 +30,10 @@ def block_table(groups: list[list[torch.Tensor]], block: int, extra: list[int] |
     cols = [np.repeat(np.array([t.data_ptr() for t in g], dtype=np.int64), nblk) for g in groups]
     ex = np.repeat(np.array(extra if extra is not None else [0] * len(first), dtype=np.int64), nblk)
     table = np.stack(cols + [start, numels[seg], seg, ex], axis=1) if len(seg) else np.zeros((0, len(groups) + 4), np.int64)
-    t = torch.from_numpy(np.ascontiguousarray(table)).to(first[0].device if first else "cpu")
+    t = torch.from_numpy(np.ascontiguousarray(table))
+    dev = first[0].device if first else torch.device("cpu")
+    if dev.type == "cuda":  # the caching host allocator keeps the pinned block until the copy ran
+        t = t.pin_memory().to(dev, non_blocking=True)
     if len(_CACHE) > 64:
         _CACHE.clear()
     _CACHE[key] = t

@@ -138,6 +138,7 @@ class _FusedBase(torch.optim.Optimizer):
         self._plan_key: tuple | None = None
         self._plan_val: tuple | None = None
         self._plan_table: torch.Tensor | None = None  # the plan's block table, built on first launch
+        self.plan_builds = 0  # how often the plan was (re)built: once per address set in a steady loop
 
     def _use_triton(self, device) -> bool:
         return self.backend == "triton" or (self.backend == "auto" and triton_usable(device))
@@ -165,9 +166,9 @@ class _FusedBase(torch.optim.Optimizer):
     def _plan(self, *state_names):
         """(params, grads, group ids, state buffers per name), validated once per memory layout.
 
-        A training loop that keeps its gradient buffers in place (zeroed, not set to None) gets
-        the same plan every step for the cost of reading the addresses; new gradient or
-        parameter storage, or a loaded state, builds it again.
+        A training loop whose gradients come back at the same addresses (the caching allocator's
+        steady state, or buffers zeroed in place) gets the same plan every step for the cost of
+        reading the addresses; new gradient or parameter storage, or a loaded state, builds it again.
         """
         key = tuple((p.data_ptr(), -1 if p.grad is None else p.grad.data_ptr())
                     for g in self.param_groups for p in g["params"])
@@ -176,6 +177,7 @@ class _FusedBase(torch.optim.Optimizer):
             self._plan_val = (ps, gs, gid, self._state(ps, *state_names))
             self._plan_key = key
             self._plan_table = None
+            self.plan_builds += 1
         return self._plan_val
 
     def load_state_dict(self, state_dict):

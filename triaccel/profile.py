@@ -77,7 +77,7 @@ def _phases(t: Trainer, x, y, repeats: int) -> dict:
     out = {"forward": [], "backward": [], "optimizer": []}
     peaks = {"forward": 0, "backward": 0, "optimizer": 0}
     for _ in range(repeats):
-        t.optimizer.zero_grad(set_to_none=t.grads_to_none)
+        t.optimizer.zero_grad(set_to_none=True)
         marks = []
 
         def mark():

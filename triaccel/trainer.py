@@ -144,7 +144,6 @@ class Trainer:
         # Tests inject a memory budget through it; on a GPU real OOMs arrive the same way.
         self.oom_probe = oom_probe
         self.stop = False  # a callback (ASHA through Tune, say) may ask the loop to end
-        self.grads_to_none = True  # the control loop keeps gradient buffers in place (stable kernel tables)
 
     # ================================================================== setup
     def setup(self) -> "Trainer":
@@ -317,7 +316,7 @@ class Trainer:
         use_scaler = self.scaler_active()
 
         while True:  # re-run the same examples after an OOM, in smaller micro-batches
-            self.optimizer.zero_grad(set_to_none=self.grads_to_none)
+            self.optimizer.zero_grad(set_to_none=True)
             loss = self._accumulate(idx, n, use_scaler)
             if loss is not None:
                 break
