@@ -16,7 +16,8 @@ for s in "$@"; do
   case $s in
     kernels)   python3 bench/kernels_bench.py --out "$out/h200_kernels.json" ;;
     breakdown) python3 bench/step_breakdown.py --data-dir $data --out "$out/h200_step_breakdown.json" ;;
-    overhead)  python3 bench/triaccel_bench.py overhead --skip-exact --data-dir $data --out "$out/h200_overhead.json" ;;
+    overhead)  python3 bench/triaccel_bench.py overhead --skip-exact --blocks 25 --device-profile --data-dir $data \
+                 --out "$out/h200_overhead.json" ;;
     profile)   python3 bench/profile_runs.py --data-dir $data --out "$out/profile" ;;
     baselines) python3 bench/train_baselines.py --data-dir $data --batches 512 --epochs 3 \
                  --out "$out/h200_baselines_bs512.json"
