@@ -175,3 +175,24 @@ def test_uniform_levels_use_one_region_mixed_levels_use_per_layer_regions():
     with rt.region():
         m(torch.randn(2, 1, 8, 8))
     assert set(seen.values()) == {torch.bfloat16} and set(inside) == {None}
+
+
+def _aten_ops_per_step(t, steps=3):
+    t.model.train()
+    t.sampler.start_epoch(0)
+    for _ in range(2):
+        t.train_step(t.sampler.take(t.batch_size))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
+        for _ in range(steps):
+            t.train_step(t.sampler.take(t.batch_size))
+    return sum(1 for e in p.events() if e.name.startswith("aten::")) / steps
+
+
+def test_controllers_off_dispatch_exactly_what_static_amp_dispatches():
+    """With every controller off, a Tri-Accel step issues static AMP's operators and no more: the
+    loop's bookkeeping adds nothing per step. (Gradients kept in place once made autograd add each
+    new gradient into the old buffer, one extra operator per parameter; the H200 profile found it.)"""
+    off = {f"triaccel.{c}.enabled": False for c in ("precision", "curvature", "batch")}
+    amp = Trainer(small_cfg(mode="amp", amp_dtype="bf16"), log=lambda *a: None).setup()
+    tri, _ = tri_trainer(**off, **{"triaccel.control_every": 1000})  # per-step cost, no window in between
+    assert _aten_ops_per_step(tri) == _aten_ops_per_step(amp)
