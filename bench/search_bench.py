@@ -79,7 +79,7 @@ def main():
         mon = NvmlPeak()
         mon.start()
         t0 = time.perf_counter()
-        run_search(str(p), name=f"bench_{label}")
+        run_search(str(p), name=f"bench_{label}", confirm=0)  # the searches alone, no re-runs
         wall = time.perf_counter() - t0
         mon.stop = True
         _, _, rows, _ = _rows(f"bench_{label}", os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlruns/mlflow.db")

@@ -150,6 +150,20 @@ def test_listing_and_name_collision_lose_nothing(searched):
     assert len(after) == len(before)
     r = cli("export", "nope", "--out", "x.yaml", cwd=d)
     assert r.returncode == 2 and "no search named 'nope'" in r.stderr
+    r = cli("resume", "t1", "--confirm", "-1", cwd=d)  # refused before Ray starts; nothing touched
+    assert r.returncode == 2 and "--confirm" in r.stderr and "Traceback" not in r.stderr
+    _, after = trial_runs(d, "t1")
+    assert len(after) == len(before)
+
+
+def test_confirm_defaults_to_top_three_only_when_trials_shared_a_gpu(monkeypatch):
+    from triaccel.search import runner
+
+    assert runner.default_confirm(2, shared=4) == 2 and runner.default_confirm(0, shared=4) == 0  # as asked
+    assert runner.default_confirm(None, shared=4) == (3 if runner._gpu_count() > 0 else 0)
+    monkeypatch.setattr(runner, "_gpu_count", lambda: 1)  # the decision on a GPU machine (none in CI)
+    assert runner.default_confirm(None, shared=4) == runner.CONFIRM_WHEN_SHARED == 3
+    assert runner.default_confirm(None, shared=1) == 0  # one trial at a time: already measured alone
 
 
 def _searcher_trials(d, name):
