@@ -127,10 +127,6 @@ class _FusedBase(torch.optim.Optimizer):
         if backend not in ("auto", "triton", "torch"):
             raise ValueError(f"backend must be auto, triton or torch, got {backend!r}")
         super().__init__(params, defaults)
-        # torch's zero_grad(set_to_none=False) then zeroes every gradient with torch._foreach_zero_
-        # (a launch or two) instead of one zero_ per tensor: 62 launches a step for ResNet-18, and the
-        # training loop keeps its gradient buffers in place (the block tables stay valid)
-        self.defaults["foreach"] = True
         self.backend = backend
         self._dummy: torch.Tensor | None = None
         self._lr_cache: list | None = None

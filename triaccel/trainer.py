@@ -220,8 +220,8 @@ class Trainer:
                 return FusedSGD(groups, lr=oc.lr, momentum=oc.momentum, nesterov=oc.nesterov,
                                 weight_decay=oc.weight_decay, backend="triton")
             return FusedAdamW(groups, lr=oc.lr, betas=oc.betas, weight_decay=oc.weight_decay, backend="triton")
-        # foreach on CUDA (torch's own default there for the step); explicit, so that zero_grad in
-        # place (the control loop keeps gradient buffers) is one foreach launch, not one per tensor
+        # foreach on CUDA (torch's own default there for the step; explicit, so an in-place
+        # zero_grad is one foreach launch too, not one per tensor)
         foreach = True if self.device.type == "cuda" else None
         if oc.name == "sgd":
             return torch.optim.SGD(groups, lr=oc.lr, momentum=oc.momentum, nesterov=oc.nesterov,
