@@ -44,17 +44,23 @@ def make(cfg, log=QUIET):
     return t, (cbs[0] if cbs else None)
 
 
-def step_time(t, blocks=10, per_block=20, warm=30) -> dict:
-    """Median over ``blocks`` synchronised blocks of ``per_block`` steps (triaccel.measure.bench)."""
-    t.model.train()
-    t.sampler.start_epoch(0)
+def stepper(t, start: bool = True):
+    """One training step of ``t`` per call, starting a new epoch when the sampler runs dry."""
+    if start:
+        t.model.train()
+        t.sampler.start_epoch(0)
 
     def step():
         if t.sampler.remaining < t.batch_size:
             t.sampler.start_epoch(t.sampler.epoch + 1)
         t.train_step(t.sampler.take(t.batch_size))
 
-    r = bench(step, t.device, warmup=warm, repeats=blocks, inner=per_block)
+    return step
+
+
+def step_time(t, blocks=10, per_block=20, warm=30) -> dict:
+    """Median over ``blocks`` synchronised blocks of ``per_block`` steps (triaccel.measure.bench)."""
+    r = bench(stepper(t), t.device, warmup=warm, repeats=blocks, inner=per_block)
     return {"median_ms": 1e3 * r["median_s"], "mean_ms": 1e3 * r["mean_s"], "std_ms": 1e3 * r["std_s"]}
 
 
@@ -63,17 +69,9 @@ def interleaved(trainers: dict, blocks: int = 21, per_block: int = 20, warm: int
     before block r+1 of any, so clock, thermal and host drift fall on all variants alike."""
     steps, times = {}, {name: [] for name in trainers}
     for name, t in trainers.items():
-        t.model.train()
-        t.sampler.start_epoch(0)
-
-        def step(t=t):
-            if t.sampler.remaining < t.batch_size:
-                t.sampler.start_epoch(t.sampler.epoch + 1)
-            t.train_step(t.sampler.take(t.batch_size))
-
-        steps[name] = step
+        steps[name] = stepper(t)
         for _ in range(warm):
-            step()
+            steps[name]()
     for _ in range(blocks):
         for name, t in trainers.items():
             sync(t.device)
@@ -105,11 +103,7 @@ def device_profile(t, steps: int = 10) -> dict | None:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    def step():
-        if t.sampler.remaining < t.batch_size:
-            t.sampler.start_epoch(t.sampler.epoch + 1)
-        t.train_step(t.sampler.take(t.batch_size))
-
+    step = stepper(t, start=False)  # carries on from the timing blocks
     for _ in range(3):
         step()
     sync(t.device)

@@ -59,12 +59,9 @@ class TriAccelLoop(Callback):
         self.fisher_acc = torch.zeros(self.n_groups, device=dev)
         self.fisher_n = 0
         self.kernel_backend = "torch" if c.kernels == "torch" else ("triton" if c.kernels == "triton" else "auto")
-        # Gradients are set to None between steps, as in static AMP. Keeping them in place (zeroed)
-        # kept the kernels' block tables fixed, but autograd then accumulates every new gradient
-        # into the old buffer: 62 extra add kernels per ResNet-18 step, measured on the H200 as the
-        # only device-side difference from static AMP and ~6 % of a host-bound B=96 step. Fresh
-        # gradients come from the caching allocator, mostly at the same addresses; the tables are
-        # cached by address and a changed address costs one small asynchronous upload.
+        # The trainer sets gradients to None between steps, as static AMP does: zeroed in place,
+        # autograd would add each new gradient into the old buffer (62 extra kernels a ResNet-18
+        # step on the H200). The kernels' block tables are cached by address instead.
 
         self.prec = PrecisionController(c.precision, self.L, initial=tr.cfg.amp_dtype,
                                         tau_curv=c.curvature.tau_curv if c.curvature.enabled else None) \

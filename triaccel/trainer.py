@@ -220,13 +220,10 @@ class Trainer:
                 return FusedSGD(groups, lr=oc.lr, momentum=oc.momentum, nesterov=oc.nesterov,
                                 weight_decay=oc.weight_decay, backend="triton")
             return FusedAdamW(groups, lr=oc.lr, betas=oc.betas, weight_decay=oc.weight_decay, backend="triton")
-        # foreach on CUDA (torch's own default there for the step; explicit, so an in-place
-        # zero_grad is one foreach launch too, not one per tensor)
-        foreach = True if self.device.type == "cuda" else None
         if oc.name == "sgd":
             return torch.optim.SGD(groups, lr=oc.lr, momentum=oc.momentum, nesterov=oc.nesterov,
-                                   weight_decay=oc.weight_decay, foreach=foreach)
-        return torch.optim.AdamW(groups, lr=oc.lr, betas=oc.betas, weight_decay=oc.weight_decay, foreach=foreach)
+                                   weight_decay=oc.weight_decay)
+        return torch.optim.AdamW(groups, lr=oc.lr, betas=oc.betas, weight_decay=oc.weight_decay)
 
     def _may_use_fp16(self) -> bool:
         if self.cfg.mode == "amp":
