@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The H200 benchmark runs, in one place. Usage (on the GPU machine, repo root):
 #   bash bench/run_h200.sh OUTDIR SECTION...
-#   sections: kernels breakdown overhead profile baselines elastic ablation search (search: needs Ray etc.)
+#   sections: kernels breakdown overhead probe paper hostprofile profile baselines elastic ablation search (search: needs Ray etc.)
 # Expects the CIFAR-10 JPEG tree in /tmp/cifar (tar xzf cifar10-jpeg.tar.gz -C /tmp/cifar).
 # Each section writes OUTDIR/<name>.json (profile: OUTDIR/profile/) and a log; a failing section
 # does not stop the others. SECTION_TIMEOUT=S (seconds) stops any one section after S seconds.
@@ -18,6 +18,12 @@ for s in "$@"; do
     breakdown) python3 bench/step_breakdown.py --data-dir $data --out "$out/h200_step_breakdown.json" ;;
     overhead)  python3 bench/triaccel_bench.py overhead --skip-exact --blocks 25 --device-profile --data-dir $data \
                  --out "$out/h200_overhead.json" ;;
+    probe)     python3 bench/triaccel_bench.py probe --data-dir $data --probe-iters 2 --refreshes 4 --ref-iters 30 \
+                 --out "$out/h200_probe.json" ;;
+    paper)     python3 bench/triaccel_bench.py paper --data-dir $data --batches 96 --blocks 9 --probe-iters 2 \
+                 --paper-probes batched:bf16,exact:bf16 --out "$out/h200_paper.json" ;;
+    hostprofile) python3 bench/triaccel_bench.py hostprofile --data-dir $data --profile-steps 200 \
+                 --out "$out/h200_hostprofile.json" ;;
     profile)   python3 bench/profile_runs.py --data-dir $data --out "$out/profile" ;;
     baselines) python3 bench/train_baselines.py --data-dir $data --batches 512 --epochs 3 \
                  --out "$out/h200_baselines_bs512.json"

@@ -209,6 +209,183 @@ def overhead(args):
         save()
 
 
+def probe_section(args):
+    """The curvature probe alone on a partly trained ResNet-18: cost per refresh of every
+    product engine (finite differences / autograd, CUDA graph / eager) and mode (batched /
+    exact) at k=5, b_curv=32, and accuracy of lambda_max against a converged exact reference
+    (autograd products, many iterations) at the same weights and probe batch."""
+    import torch.nn.functional as F
+
+    from triaccel.curvature import HessianProbe
+    from triaccel.measure import GiB
+
+    cfg = cfg_for(args, mode="triaccel", batch_size=96, **{"triaccel.precision.enabled": False,
+                                                            "triaccel.curvature.enabled": False,
+                                                            "triaccel.batch.enabled": False})
+    t, _ = make(cfg)
+    step = stepper(t)
+    for _ in range(args.train_steps):  # weights a few hundred steps in, not the initialisation's
+        step()
+    sync(t.device)
+    layers = [list(m.parameters(recurse=False)) for _, m in t.precision.layers]
+    idx = torch.randperm(len(t.train_data), generator=torch.Generator().manual_seed(17))[:32]
+    x, y = t.train_data.batch(idx, train=False)
+    x, y = x.clone(), y.clone()
+
+    def loss_fn():
+        return F.cross_entropy(t.model(x).float(), y)
+
+    amp, _ = make(cfg_for(args, mode="amp", batch_size=96))
+    amp_ms = step_time(amp, blocks=11)["median_ms"]
+    del amp
+    res = {"what": "curvature probe per refresh at k=5, b_curv=32; lambda_max vs an exact converged reference",
+           "train_steps_before": args.train_steps, "amp_bs96_step_ms": amp_ms, "iters_per_refresh": args.probe_iters,
+           "refreshes": args.refreshes, "configs": {}}
+
+    def run(name, refreshes, dtype=torch.float32, **kw):
+        probe = HessianProbe(t.model, layers, seed=0, log=lambda m: print(m, flush=True), **{"top_k": 5, **kw})
+        times, ests, err = [], [], None
+        cuda = t.device.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated() if cuda else 0
+        try:
+            for _ in range(refreshes):
+                sync(t.device)
+                t0 = time.perf_counter()
+                with t.precision.force(dtype):
+                    ests.append(probe.estimate(loss_fn, static_inputs=True))
+                sync(t.device)
+                times.append(time.perf_counter() - t0)
+        except Exception as e:  # noqa: BLE001 - record and go on with the next engine
+            err = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        r = {"kw": {k: v for k, v in kw.items()}, "dtype": str(dtype), "first_s": times[0] if times else None,
+             "warm_median_s": statistics.median(times[1:]) if len(times) > 1 else None, "times_s": times,
+             "products_per_iter": probe.last_hvps / max(1, probe.last_iters), "iters": probe.last_iters,
+             "graphs_used": probe._graph is not None,
+             "extra_peak_gib": (torch.cuda.max_memory_allocated() - base) / GiB if cuda else None,
+             "error": err}
+        if r["warm_median_s"] is not None:
+            r["amortised_pct_of_amp_step_T200"] = 100 * r["warm_median_s"] / 200 / (amp_ms / 1e3)
+        del probe
+        if cuda:
+            torch.cuda.empty_cache()
+        return r, ests
+
+    ref, ref_ests = run("reference", 1, mode="exact", graphs=True, max_iters=args.ref_iters, tol=1e-4)
+    res["reference"] = ref
+    lam_ref = [abs(e[0]) for e in ref_ests[-1]] if ref_ests else None
+    res["reference_lambda_max"] = lam_ref
+    write(args.out, res)
+    configs = [("batched_graph", dict(mode="batched", graphs=True)),
+               ("batched_eager", dict(mode="batched", graphs=False)),
+               ("exact_graph", dict(mode="exact", graphs=True)),
+               ("batched_k1_graph", dict(mode="batched", graphs=True, top_k=1)),
+               ("exact_k1_graph", dict(mode="exact", graphs=True, top_k=1)),
+               ("batched_graph_bf16", dict(mode="batched", graphs=True, dtype=torch.bfloat16)),
+               ("exact_graph_bf16", dict(mode="exact", graphs=True, dtype=torch.bfloat16)),
+               ("exact_k1_graph_bf16", dict(mode="exact", graphs=True, top_k=1, dtype=torch.bfloat16))]
+    only = set(args.probe_configs.split(",")) if args.probe_configs else None
+    for name, kw in configs:
+        if only and name not in only:
+            continue
+        r, ests = run(name, args.refreshes, max_iters=args.probe_iters, tol=1e-30, **kw)  # fixed iteration count
+        if ests and lam_ref:
+            last = [abs(e[0]) for e in ests[-1]]
+            mean = [statistics.fmean(abs(e[li][0]) for e in ests[1:] or ests) for li in range(len(lam_ref))]
+            ratio = [a / b for a, b in zip(last, lam_ref)]
+            ratio_mean = [a / b for a, b in zip(mean, lam_ref)]
+            r["lambda_max_last"] = last
+            r["ratio_to_reference_last"] = {"median": statistics.median(ratio), "min": min(ratio), "max": max(ratio)}
+            r["ratio_to_reference_mean_of_refreshes"] = {"median": statistics.median(ratio_mean),
+                                                         "min": min(ratio_mean), "max": max(ratio_mean)}
+        res["configs"][name] = r
+        print(name, {k: v for k, v in r.items() if k not in ("lambda_max_last", "times_s")}, flush=True)
+        write(args.out, res)
+
+
+def paper(args):
+    """Full Tri-Accel at the paper's curvature settings (power probe, k=5, T_curv=200,
+    b_curv=32) against static AMP at the same batch, interleaved blocks of 200 steps: every
+    block holds exactly one curvature refresh, so a block's mean step is the amortised cost."""
+    hold = {"triaccel.precision.tau_low": 1e-30, "triaccel.precision.tau_high": 1e30,
+            "triaccel.curvature.tau_curv": 1e30, "triaccel.batch.budget_gb": 1000.0, "triaccel.batch.rho_low": 1e-9}
+    res = {"what": "step time over 200-step blocks (one refresh each): full Tri-Accel at paper settings vs AMP"}
+    for b in [int(x) for x in args.batches.split(",")]:
+        variants = {"amp_bf16": {"mode": "amp"}}
+        variants["tri_full_fisher"] = {"mode": "triaccel", "triaccel.curvature.method": "fisher", **hold}
+        variants["tri_precision_batch"] = {"mode": "triaccel", "triaccel.curvature.enabled": False, **hold}
+        for spec in args.paper_probes.split(","):
+            mode, _, dt = spec.partition(":")
+            dt = dt or args.probe_dtype
+            variants[f"tri_full_power_{mode}_{dt}"] = {
+                "mode": "triaccel", "triaccel.curvature.method": "power", "triaccel.curvature.probe": mode,
+                "triaccel.curvature.every": 200, "triaccel.curvature.top_k": 5,
+                "triaccel.curvature.batch": 32, "triaccel.curvature.max_iters": args.probe_iters,
+                "triaccel.curvature.probe_dtype": dt, **hold}
+        trainers = {name: make(cfg_for(args, batch_size=b, **over))[0] for name, over in variants.items()}
+        # warm-up past the first refresh (it captures the probe's CUDA graph)
+        for name, r in interleaved(trainers, blocks=args.blocks, per_block=200, warm=230).items():
+            loop = next((c for c in trainers[name].callbacks if hasattr(c, "probe")), None)
+            if loop is not None and loop.probe is not None:
+                r["probe_iters_last"] = loop.probe.last_iters
+                r["probe_graphs"] = loop.probe._graph is not None
+            res[f"{name}_bs{b}"] = r
+        base = res[f"amp_bf16_bs{b}"]
+        for name in variants:
+            for k in ("median_ms", "mean_ms", "min_ms", "q1_ms"):
+                res[f"{name}_bs{b}"][f"vs_amp_pct_{k[:-3]}"] = 100 * (res[f"{name}_bs{b}"][k] / base[k] - 1)
+            print(name, b, res[f"{name}_bs{b}"], flush=True)
+        del trainers
+        torch.cuda.empty_cache()
+        write(args.out, res)
+
+
+def hostprofile(args):
+    """Where the host time of a step goes: cProfile over the same number of steps of static AMP
+    and of Tri-Accel variants (the B=96 step is host-bound: ~3 ms of GPU work in ~9 ms)."""
+    import cProfile
+    import io
+    import pstats
+
+    hold = {"triaccel.precision.tau_low": 1e-30, "triaccel.precision.tau_high": 1e30,
+            "triaccel.curvature.tau_curv": 1e30, "triaccel.batch.budget_gb": 1000.0, "triaccel.batch.rho_low": 1e-9}
+    off = {"triaccel.precision.enabled": False, "triaccel.curvature.enabled": False, "triaccel.batch.enabled": False}
+    variants = {"amp_bf16": {"mode": "amp"}, "tri_none": {"mode": "triaccel", **off},
+                "tri_precision": {"mode": "triaccel", **off, "triaccel.precision.enabled": True, **hold},
+                "tri_batch": {"mode": "triaccel", **off, "triaccel.batch.enabled": True, **hold},
+                "tri_full_fisher": {"mode": "triaccel", "triaccel.curvature.method": "fisher", **hold}}
+    res = {"what": "cProfile of the host side of training steps (B=96), top functions by own time"}
+    for name, over in variants.items():
+        t, _ = make(cfg_for(args, batch_size=96, **over))
+        step = stepper(t)
+        for _ in range(50):
+            step()
+        sync(t.device)
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof.enable()
+        for _ in range(args.profile_steps):
+            step()
+        sync(t.device)
+        prof.disable()
+        wall = (time.perf_counter() - t0) / args.profile_steps
+        buf = io.StringIO()
+        st = pstats.Stats(prof, stream=buf).sort_stats("tottime")
+        st.print_stats(25)
+        res[name] = {"wall_ms_per_step_profiled": 1e3 * wall,
+                     "top": [{"func": f"{k[0].split('/')[-1]}:{k[1]}:{k[2]}", "calls_per_step": v[1] / args.profile_steps,
+                              "own_us_per_step": 1e6 * v[2] / args.profile_steps,
+                              "cum_us_per_step": 1e6 * v[3] / args.profile_steps}
+                             for k, v in sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:30]]}
+        print(name, round(1e3 * wall, 2), "ms/step profiled", flush=True)
+        for row in res[name]["top"][:12]:
+            print("   ", row, flush=True)
+        del t
+        torch.cuda.empty_cache()
+        write(args.out, res)
+
+
 def run_epochs(cfg, log_prefix):
     t, loop = make(cfg, log=lambda s: print(f"[{log_prefix}] {s}", flush=True))
     s = t.fit()
@@ -257,7 +434,7 @@ def ablation(args):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["overhead", "elastic", "ablation"])
+    ap.add_argument("what", choices=["overhead", "probe", "paper", "hostprofile", "elastic", "ablation"])
     ap.add_argument("--data-dir", required=True)
     ap.add_argument("--dataset", default="imagefolder")
     ap.add_argument("--epochs", type=int, default=8)
@@ -275,9 +452,17 @@ def main():
     ap.add_argument("--device-profile", action="store_true",
                     help="overhead: also profile each variant's step on the GPU (kernels per step, device time)")
     ap.add_argument("--no-probes", action="store_true", help="overhead: skip the curvature-probe timings")
+    ap.add_argument("--train-steps", type=int, default=300, help="probe: training steps before measuring")
+    ap.add_argument("--refreshes", type=int, default=4, help="probe: warm-started refreshes per engine")
+    ap.add_argument("--ref-iters", type=int, default=40, help="probe: iterations of the exact reference")
+    ap.add_argument("--probe-configs", default="", help="probe: comma list of engines (default: all)")
+    ap.add_argument("--paper-probes", default="batched,exact", help="paper: comma list of probe mode[:dtype]")
+    ap.add_argument("--probe-dtype", default="fp32", help="paper: the probe's precision (fp32 or bf16)")
+    ap.add_argument("--profile-steps", type=int, default=200, help="hostprofile: steps profiled per variant")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    {"overhead": overhead, "elastic": elastic, "ablation": ablation}[args.what](args)
+    {"overhead": overhead, "probe": probe_section, "paper": paper, "hostprofile": hostprofile, "elastic": elastic,
+     "ablation": ablation}[args.what](args)
 
 
 if __name__ == "__main__":

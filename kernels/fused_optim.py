@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from triaccel.kernels._table import block_table
+from triaccel.kernels._table import BlockTable
 from triaccel.kernels.reference import adamw_step_ref, sgd_step_ref
 from triaccel.kernels.stats import _dense
 
@@ -133,7 +133,7 @@ class _FusedBase(torch.optim.Optimizer):
         self._lr_dev: torch.Tensor | None = None
         self._plan_key: tuple | None = None
         self._plan_val: tuple | None = None
-        self._plan_table: torch.Tensor | None = None  # the plan's block table, built on first launch
+        self._plan_table: BlockTable | None = None  # the plan's block table, built on first launch
         self.plan_builds = 0  # how often the plan was (re)built: once per address set in a steady loop
 
     def _use_triton(self, device) -> bool:
@@ -162,19 +162,22 @@ class _FusedBase(torch.optim.Optimizer):
     def _plan(self, *state_names):
         """(params, grads, group ids, state buffers per name), validated once per memory layout.
 
-        A training loop whose gradients come back at the same addresses (the caching allocator's
-        steady state, or buffers zeroed in place) gets the same plan every step for the cost of
-        reading the addresses; new gradient or parameter storage, or a loaded state, builds it again.
+        The plan is keyed by the parameters' storage and which of them have gradients, not by
+        the gradients' addresses: gradients set to None between steps come back elsewhere every
+        step, and the block table refreshes their column in place (``BlockTable.update``). Their
+        layout is checked when the plan is built; autograd's gradient layout contract (a dense
+        parameter's gradient takes its strides) keeps it. New parameter storage, a gradient that
+        appears or disappears, or a loaded state builds the plan again.
         """
-        key = tuple((p.data_ptr(), -1 if p.grad is None else p.grad.data_ptr())
-                    for g in self.param_groups for p in g["params"])
+        key = tuple((p.data_ptr(), p.grad is None) for g in self.param_groups for p in g["params"])
         if key != self._plan_key:
             ps, gs, gid = self._collect()
-            self._plan_val = (ps, gs, gid, self._state(ps, *state_names))
+            self._plan_val = (ps, gid, self._state(ps, *state_names))
             self._plan_key = key
             self._plan_table = None
             self.plan_builds += 1
-        return self._plan_val
+        ps, gid, state = self._plan_val
+        return ps, [p.grad for p in ps], gid, state
 
     def load_state_dict(self, state_dict):
         self._plan_key = None  # state buffers are replaced
@@ -243,8 +246,8 @@ class FusedSGD(_FusedBase):
         scale, found, scale_t, found_t = self._flags(dev)
         if self._use_triton(dev):
             if self._plan_table is None:
-                self._plan_table = block_table([ps, gs, bufs], BLOCK, extra=gid)
-            table = self._plan_table
+                self._plan_table = BlockTable([ps, gs, bufs], BLOCK, extra=gid, dynamic=(1,))
+            table = self._plan_table.update(1, gs)
             lr_dev, lr_mult = self._lrs(dev)
             _sgd_kernel[(table.shape[0],)](table, lr_dev, float(lr_mult), scale_t, found_t, float(mom), float(wd),
                                            HAS_MOMENTUM=mom != 0, NESTEROV=bool(nest), HAS_SCALE=scale is not None,
@@ -285,8 +288,8 @@ class FusedAdamW(_FusedBase):
             step_t.add_(1.0)
         if self._use_triton(dev):
             if self._plan_table is None:
-                self._plan_table = block_table([ps, gs, ms, vs], BLOCK, extra=gid)
-            table = self._plan_table
+                self._plan_table = BlockTable([ps, gs, ms, vs], BLOCK, extra=gid, dynamic=(1,))
+            table = self._plan_table.update(1, gs)
             lr_dev, lr_mult = self._lrs(dev)
             _adamw_kernel[(table.shape[0],)](table, lr_dev, float(lr_mult), scale_t, found_t, step_t, float(b1), float(b2),
                                              float(eps), float(wd), HAS_SCALE=scale is not None,

@@ -102,7 +102,7 @@ def grad_stats_triton(tensors: list[torch.Tensor], out: torch.Tensor | None = No
             raise ValueError("grad_stats: tensors must be dense (contiguous in some memory format)")
         by_dtype.setdefault(t.dtype, []).append(i)
     for dt, idx in by_dtype.items():
-        table = block_table([[tensors[i] for i in idx]], block * iters, extra=[rows[i] for i in idx])
+        table = block_table([[tensors[i] for i in idx]], block * iters, extra=[rows[i] for i in idx], dynamic=(0,))
         if table.shape[0] == 0:
             continue
         _grad_stats_kernel[(table.shape[0],)](table, out, DTYPE=_TL[dt], BLOCK=block, ITERS=iters,

@@ -196,28 +196,34 @@ def test_grad_stats_segments_and_variance_ema_match_references(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_fused_optimizer_replans_when_gradients_or_state_are_replaced(device):
-    """The per-layout plan is reused while gradients stay in place and rebuilt when they are set
-    to None and re-created, or when a state dict is loaded: results follow torch.optim throughout."""
+def test_fused_optimizer_follows_gradients_that_move_and_replans_on_new_state(device):
+    """Gradients set to None and re-created every step (the training loop's way) land at new
+    addresses: the plan is kept and only the block table's gradient column is refreshed; a
+    gradient updated in place needs no refresh; a loaded state dict builds a new plan. Results
+    follow torch.optim throughout."""
     if not _device_ok(device):
         pytest.skip()
     p1, p2, o1, o2 = _opt_pair("sgd", device, [0.1, 0.2, 0.3, 0.4, 0.5], momentum=0.9, weight_decay=1e-4)
     g = torch.Generator().manual_seed(6)
-    plans = []
-    for step in range(5):
+    plans, keep = [], []
+    for step in range(6):
         grads = [torch.randn(p.shape, generator=g).to(device) for p in p1]
         for ps, opt in ((p1, o1), (p2, o2)):
-            if step == 2:
-                opt.zero_grad(set_to_none=True)  # new gradient storage: a new plan
+            if step != 4:
+                opt.zero_grad(set_to_none=True)  # new gradient storage every step ...
             for p, gr in zip(ps, grads):
                 if p.grad is None:
                     p.grad = gr.clone()
                 else:
-                    p.grad.copy_(gr)  # in place: the same plan
+                    p.grad.copy_(gr)  # ... except step 4: in place
             if step == 3:
                 opt.load_state_dict(opt.state_dict())  # state buffers replaced: a new plan
             opt.step()
+        keep.append([p.grad for p in p1])  # hold the old gradients: the next ones cannot reuse their memory
         plans.append(o1._plan_val)
         assert all(torch.allclose(a, b, rtol=1e-6, atol=1e-6) for a, b in zip(p1, p2)), step
-    assert plans[0] is plans[1] and plans[1] is not plans[2] and plans[2] is not plans[3]
-    assert plans[3] is plans[4]
+    assert plans[0] is plans[1] is plans[2] and plans[2] is not plans[3] and plans[3] is plans[4] is plans[5]
+    assert o1.plan_builds == 2
+    if o1._plan_table is not None:  # Triton path: the second plan's table (built at step 3) was refreshed
+        assert o1._plan_table.uploads == 1  # for step 5's new gradients, not for step 4's in-place ones
+

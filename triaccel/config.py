@@ -106,6 +106,8 @@ class CurvatureConfig:
     enabled: bool = True
     method: Literal["power", "fisher"] = "power"  # power: Hessian subspace iteration; fisher: free proxy from grad stats
     probe: Literal["exact", "batched"] = "exact"  # power: one HVP per layer and vector, or sign-mixed shared HVPs
+    probe_dtype: Literal["fp32", "bf16"] = "fp32"  # precision of the probe's forward and products
+    graphs: bool = True  # power on CUDA: capture one probe iteration in a CUDA graph, replay it (no host cost)
     alpha: float = 0.01
     tau_curv: float = 100.0  # lambda_max above this promotes the layer's precision one level
     top_k: int = 5  # paper: k = 5

@@ -26,6 +26,7 @@ from triaccel.controllers import BatchController, CurvatureController, Precision
 from triaccel.curvature import HessianProbe
 from triaccel.kernels import grad_stats, variance_ema
 from triaccel.measure import GiB, device_used_fraction
+from triaccel.precision import DTYPES
 from triaccel.trainer import Callback
 
 
@@ -71,7 +72,9 @@ class TriAccelLoop(Callback):
         if self.curv is not None and c.curvature.method == "power":
             self.probe = HessianProbe(tr.model, [list(m.parameters(recurse=False)) for _, m in rt.layers],
                                       top_k=c.curvature.top_k, max_iters=c.curvature.max_iters, tol=c.curvature.tol,
-                                      mode=c.curvature.probe, seed=tr.cfg.seed)
+                                      mode=c.curvature.probe, seed=tr.cfg.seed, graphs=c.curvature.graphs,
+                                      log=self.log)
+            self.probe_batch: tuple[torch.Tensor, torch.Tensor] | None = None  # fixed buffers: graph-capturable
             self.probe_gen = torch.Generator().manual_seed(tr.cfg.seed + 17)
         self.promote = [False] * self.L
         self.lam = [0.0] * self.L
@@ -144,12 +147,21 @@ class TriAccelLoop(Callback):
             n = len(tr.train_data)
             idx = torch.randperm(n, generator=self.probe_gen)[:c.batch]  # never the sampler's examples
             x, y = tr.train_data.batch(idx, train=False)
+            if self.probe_batch is None or self.probe_batch[0].shape != x.shape:
+                self.probe_batch = (x.clone(), y.clone())
+                self.probe.drop_graph()  # captured on other tensors
+            else:  # same tensors, new values: a CUDA graph of the probe's gradient stays valid
+                self.probe_batch[0].copy_(x)
+                self.probe_batch[1].copy_(y)
+            px, py = self.probe_batch
 
             def loss_fn():
-                return F.cross_entropy(tr.model(x).float(), y)
+                return F.cross_entropy(tr.model(px).float(), py)
 
-            with tr.precision.force(torch.float32):
-                eigs = self.probe.estimate(loss_fn)
+            # every layer at probe_dtype (bf16: tensor-core products; where bf16 is unsupported, the
+            # precision runtime's stated fallback)
+            with tr.precision.force(DTYPES[tr.precision.fallback[c.probe_dtype]]):
+                eigs = self.probe.estimate(loss_fn, static_inputs=True)
         dec = self.curv.update(eigs)
         self.lam = list(dec.lam)
         self.promote = list(dec.promote)
