@@ -176,15 +176,11 @@ class HessianProbe:
 
     # ------------------------------------------------------------------ products
     # Every iteration: the cotangents of its products are written as the rows of COT (K x D, row
-    # j: sign_l * V_l[:, j] on every layer's rows), an engine fills OUT (K x D) with the products,
+    # j: sign_l * V_l[:, j] on every layer's rows), ``run`` fills OUT (K x D) with the products,
     # and W_l = sign_l * OUT[:, rows_l]^T. ``batched``: product j is H @ COT[j] for all layers at
     # once; ``exact``: for each layer l and column j, H_ll @ V_l[:, j] alone, into OUT[j, rows_l].
-    def _products(self, engine) -> Callable[[], torch.Tensor]:
+    def _products(self, cot: torch.Tensor, run: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
         L, K, D = len(self.dims), self.kmax, self.rows[-1]
-        if self._cot is None:  # kept across refreshes: a captured graph reads it
-            self._cot = torch.zeros(K, D, device=self.device)
-        cot = self._cot
-        run = engine(cot)
 
         def products(signs: torch.Tensor | None = None) -> torch.Tensor:
             """``signs`` (L x K of +-1): batched mode's draw, fresh from the probe's generator when None."""
@@ -251,7 +247,6 @@ class HessianProbe:
 
         return replay
 
-    # ------------------------------------------------------------------ engine: autograd
     def _autograd_products(self, loss_fn, static_inputs: bool) -> Callable[[], torch.Tensor]:
         """Pearlmutter's product: the vector-Jacobian product of the gradient with cotangent v
         (H is symmetric). ``exact`` differentiates only layer l's gradient with respect to
@@ -297,21 +292,23 @@ class HessianProbe:
                             oviews[j][pi].copy_(h)
             return out
 
+        if self._cot is None:  # kept across refreshes: a captured graph reads it
+            self._cot = torch.zeros(self.kmax, self.rows[-1], device=self.device)
+        cot = self._cot
         if self.graphs and static_inputs and self.device.type == "cuda":
-            def engine(cot: torch.Tensor):
-                def whole() -> torch.Tensor:
-                    flat_g = torch.autograd.grad(loss_fn(), params, create_graph=True)
-                    return products_into(torch.zeros_like(cot), cot, flat_g)
+            def whole() -> torch.Tensor:  # forward, first backward and products: one graph per iteration
+                flat_g = torch.autograd.grad(loss_fn(), params, create_graph=True)
+                return products_into(torch.zeros_like(cot), cot, flat_g)
 
-                return self._captured(whole, static_inputs)
-        else:
+            run = self._captured(whole, static_inputs)
+        else:  # the first backward once per refresh, one more backward per product
             flat_g = torch.autograd.grad(loss_fn(), params, create_graph=True)
+            out = torch.zeros_like(cot)
 
-            def engine(cot: torch.Tensor):
-                out = torch.zeros_like(cot)
-                return lambda: products_into(out.zero_(), cot, flat_g)
+            def run() -> torch.Tensor:
+                return products_into(out.zero_(), cot, flat_g)
 
-        return self._products(engine)
+        return self._products(cot, run)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
