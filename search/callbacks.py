@@ -44,7 +44,7 @@ def failure_reason(trial) -> str:
 
 
 class MLflowSearchCallback(Callback):
-    def __init__(self, tracking_uri: str, experiment: str, search: str, space, shared: int):
+    def __init__(self, tracking_uri: str, experiment: str, search: str, space, shared: int, gpu_share: float = 1.0):
         self.tracking_uri = tracking_uri
         self.experiment = experiment
         self.search = search
@@ -52,6 +52,7 @@ class MLflowSearchCallback(Callback):
         self.space_source, self.space_sha = space.source, space.sha256
         self.objective = space.objective
         self.shared = shared
+        self.gpu_share = gpu_share  # the share of the device each trial holds (its cost in device time)
         self._reset()
 
     def _reset(self):
@@ -140,6 +141,8 @@ class MLflowSearchCallback(Callback):
         metrics = {k: v for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
                    and k not in ("training_iteration", "timestamp", "time_this_iter_s", "time_total_s", "pid",
                                  "time_since_restore", "iterations_since_restore", "done")}
+        metrics["wall_s"] = float(result.get("time_total_s", 0.0))  # the trial's time so far, restores included
+        metrics["gpu_share"] = getattr(self, "gpu_share", 1.0)
         log_metrics(self.client, rid, metrics, step=step)
         self._last_step[trial.trial_id] = step
 
@@ -171,32 +174,31 @@ class MLflowSearchCallback(Callback):
 
     # ------------------------------------------------------------------ parent summary
     def summarise(self) -> dict:
-        from triaccel.search.results import pareto_front, trial_table
+        """Counts, importances and the plot on the parent run. Which run is best is decided by
+        ``triaccel.search.results`` and recorded by the runner after the confirm runs."""
+        from triaccel.search.results import outcome, pareto_front, trial_table
 
         c, parent = self.client, self.parent_run_id()
-        rows = trial_table(c, self._exp_id, self.search)
-        done = [r for r in rows if r["status"] == "FINISHED" and r["metrics"].get("efficiency") is not None]
-        summary = {"trials": len(rows), "finished": len(done),
-                   "failed": sum(r["status"] == "FAILED" for r in rows)}
-        log_metrics(c, parent, {"trials_finished": len(done), "trials_failed": summary["failed"]}, step=len(rows))
+        space = self.space
+        o = outcome(trial_table(c, self._exp_id, self.search), [],
+                    trial_table(c, self._exp_id, self.search, role="baseline", curves=True), space.epochs,
+                    space.margin)
+        done = [r.row for r in o.ranked]
+        summary = {"trials": o.trials, "finished": len(done), "failed": len(o.failed)}
+        log_metrics(c, parent, {"trials_finished": len(done), "trials_failed": len(o.failed),
+                                "trials_stopped": len(o.stopped)}, step=o.trials)
         if not done:
             return summary
-        best = max(done, key=lambda r: r["metrics"]["efficiency"])
-        c.set_tag(parent, "best_run_id", best["run_id"])
-        log_metrics(c, parent, {"best_efficiency": best["metrics"]["efficiency"],
-                                "best_val_acc": best["metrics"].get("val_acc", math.nan)}, step=len(rows))
-        log_yaml_artifact(c, parent, {"run_id": best["run_id"], "values": best["values"],
-                                      "metrics": best["metrics"]}, "best_config.yaml")
         imp = self._importances(done)
         if imp:
             log_yaml_artifact(c, parent, imp, "param_importances.yaml")
             for k, v in imp.get("efficiency", {}).items():
-                log_metrics(c, parent, {f"importance.{k}": v}, step=len(rows))
+                log_metrics(c, parent, {f"importance.{k}": v}, step=o.trials)
         with tempfile.TemporaryDirectory() as d:
-            p = self._plot(done, Path(d), pareto_front(done) if self.objective == "pareto" else None)
+            p = self._plot(done, Path(d), pareto_front(done) if self.objective == "pareto" else None,
+                           {x.row["run_id"] for x in o.ranked if not x.feasible})
             if p:
                 c.log_artifact(parent, str(p))
-        summary["best"] = best
         return summary
 
     def _importances(self, done) -> dict:
@@ -229,7 +231,7 @@ class MLflowSearchCallback(Callback):
                 pass
         return out
 
-    def _plot(self, done, folder: Path, front):
+    def _plot(self, done, folder: Path, front, infeasible=frozenset()):
         import matplotlib
 
         matplotlib.use("Agg")
@@ -257,15 +259,16 @@ class MLflowSearchCallback(Callback):
             rows = math.ceil(n / cols)
             fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False)
             eff = [r["metrics"]["efficiency"] for r in done]
+            col = ["tab:red" if r["run_id"] in infeasible else "tab:blue" for r in done]
             for ax, k in zip(axes.flat, keys):
-                ax.scatter([r["values"][k] for r in done], eff, s=14)
+                ax.scatter([r["values"][k] for r in done], eff, s=14, c=col)
                 if self.space.params[k].distribution == "loguniform":
                     ax.set_xscale("log")
                 ax.set_xlabel(k.split(".")[-1], fontsize=8)
                 ax.set_ylabel("efficiency", fontsize=8)
             for ax in list(axes.flat)[n:]:
                 ax.axis("off")
-            fig.suptitle(f"search {self.search}: efficiency score vs each parameter")
+            fig.suptitle(f"search {self.search}: efficiency score vs each parameter (red: below the accuracy margin)")
             p = folder / "trials_vs_params.png"
         fig.tight_layout()
         fig.savefig(p, dpi=110)

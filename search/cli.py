@@ -26,8 +26,21 @@ def cmd_resume(args) -> int:
 def cmd_export(args) -> int:
     from triaccel.search.runner import export
 
-    p = export(args.name, args.out, args.pick)
-    print(f"wrote {p}: train with `triaccel train --config {p}`")
+    import yaml
+
+    p = export(args.name, args.out, args.pick, force=args.force)
+    prov = yaml.safe_load(p.read_text())["provenance"]
+    print(f"wrote {p} ({prov['why']}): train with `triaccel train --config {p}`")
+    b = prov.get("baseline")
+    if b and prov["exported"] == "baseline":
+        print(f"  the search found nothing better than static AMP {b['run']} in {b['search_gpu_s']:.0f} "
+              f"device-seconds: train the baseline as exported")
+    elif b:
+        pay = b["payback_epochs"]
+        print(f"  {b['ratio']:.2f}x the efficiency of the static baseline {b['run']} "
+              f"(val acc {b['val_acc_diff_pp']:+.2f} pp); the search used {b['search_gpu_s']:.0f} device-seconds, "
+              + (f"repaid after {pay:.0f} epochs of production training" if pay is not None else
+                 "which faster epochs do not repay (the exported config is not faster per epoch)"))
     return 0
 
 
@@ -38,12 +51,13 @@ def cmd_searches(args) -> int:
     if not rows:
         print(f"no searches under {tune_root()}")
         return 0
-    print(f"{'name':<24} {'space':<34} {'created':<20} {'done':>5} {'failed':>6} {'best eff':>10}")
+    print(f"{'name':<24} {'space':<34} {'created':<20} {'done':>5} {'failed':>6} {'best eff':>10} {'x base':>7}")
     for r in rows:
         best = f"{r['best']:.2f}" if r.get("best") is not None else "-"
+        ratio = f"{r['ratio']:.2f}" if r.get("ratio") is not None else "-"
         done = f"{r.get('finished', '?')}/{r.get('trials', '?')}"
         print(f"{r['name']:<24} {str(r['space'])[-34:]:<34} {r['created']:<20} {done:>5} {r.get('failed', '?'):>6} "
-              f"{best:>10}")
+              f"{best:>10} {ratio:>7}")
     return 0
 
 
@@ -57,6 +71,32 @@ def cmd_ui(args) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.allow_remote:
         print(f"triaccel: error: --host {args.host} exposes the UI beyond this machine; add --allow-remote "
               f"to mean it", file=sys.stderr)
+        return 2
+    # MLflow reports a port in use deep in its server's log and still exits 0: check it here, binding the
+    # address as the server will (IPv6 for a host with a colon, as uvicorn does), without SO_REUSEADDR
+    import errno
+    import socket
+
+    where = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"
+    if not 0 < args.port < 65536:
+        print(f"triaccel: error: --port {args.port}: not a TCP port (1-65535)", file=sys.stderr)
+        return 2
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    try:
+        addr = socket.getaddrinfo(args.host, args.port, family, socket.SOCK_STREAM)[0][4]
+    except OSError as e:
+        print(f"triaccel: error: --host {args.host}: cannot resolve it ({e.strerror or e})", file=sys.stderr)
+        return 2
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
+            s.bind(addr)
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            why = f"is already in use ({e.strerror}; stop what holds it or pick another --port)"
+        else:
+            why = f"cannot be bound ({e.strerror or e})"
+        print(f"triaccel: error: --port {args.port}: {where} {why}", file=sys.stderr)
         return 2
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", args.host,
            "--port", str(args.port), "--workers", "1"]
@@ -87,6 +127,7 @@ def add_commands(sub) -> None:
     e.add_argument("name")
     e.add_argument("--out", required=True)
     e.add_argument("--pick", default="best", help="best (default) or pareto-N (entry N of the Pareto front)")
+    e.add_argument("--force", action="store_true", help="replace --out if it exists")
     e.set_defaults(func=cmd_export)
 
     ls = sub.add_parser("searches", help="list past searches")

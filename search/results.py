@@ -1,25 +1,158 @@
-"""Reading a search back from MLflow: the trial table, the Pareto front, the pick to export."""
+"""The search's result rules, in one place: which runs count, which is feasible, which is best.
+
+Every reader of a search (the parent run's summary, the console table, ``export``,
+``searches``, the confirm step) asks this module; none decides on its own. The rules:
+
+- **Complete**: a run that FINISHED and reached the space's epoch count. A trial that ASHA
+  stopped early is *stopped*: its score after fewer epochs is not comparable, so it is never
+  best and never exported.
+- **Measured**: where a trial was re-run alone (``--confirm``), the confirm run's figures
+  replace the shared ones (sharing the GPU distorts time); baselines always run alone.
+- **Reference**: the complete baseline (static AMP, trained alone with the space's own train
+  settings) with the highest efficiency score. Ratios are taken against it.
+- **Feasible**: a run whose validation accuracy is at most ``margin`` percentage points below
+  the reference's at the same epoch. Accuracy is a constraint, not a term the score trades.
+- **Best**: the highest measured efficiency among complete, feasible trials; among confirmed
+  ones only, where any were confirmed. It is exported only when it beats the reference;
+  otherwise the reference itself is the pick ("nothing feasible beat the baseline").
+"""
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import dataclass, field
 
 from triaccel.errors import ConfigError
 
 TAG_SEARCH, TAG_ROLE = "triaccel.search", "triaccel.role"
+DEFAULT_MARGIN_PP = 0.5
 
 
-def trial_table(c, exp_id: str, search: str, role: str = "trial") -> list[dict]:
+# --------------------------------------------------------------------------- reading MLflow
+def trial_table(c, exp_id: str, search: str, role: str = "trial", curves: bool = False) -> list[dict]:
+    """Runs of one role as plain rows; ``curves`` adds the per-epoch validation accuracy."""
     runs = c.search_runs([exp_id], filter_string=f"tags.`{TAG_SEARCH}` = '{search}' and tags.`{TAG_ROLE}` = '{role}'",
                          max_results=10000)
     rows = []
     for r in runs:
-        rows.append({"run_id": r.info.run_id, "status": r.info.status, "metrics": dict(r.data.metrics),
-                     "values": json.loads(r.data.tags.get("triaccel.values", "{}")),
-                     "trial_id": r.data.tags.get("triaccel.trial_id"), "tags": dict(r.data.tags),
-                     "confirms": r.data.tags.get("triaccel.confirms")})
+        row = {"run_id": r.info.run_id, "status": r.info.status, "metrics": dict(r.data.metrics),
+               "values": json.loads(r.data.tags.get("triaccel.values", "{}")),
+               "trial_id": r.data.tags.get("triaccel.trial_id"), "tags": dict(r.data.tags),
+               "confirms": r.data.tags.get("triaccel.confirms"), "role": role}
+        if curves:
+            hist = c.get_metric_history(r.info.run_id, "val_acc")
+            row["curve"] = [m.value for m in sorted(hist, key=lambda m: m.step)]
+        rows.append(row)
     return rows
 
 
+# --------------------------------------------------------------------------- the rules
+def is_complete(row: dict, epochs: int) -> bool:
+    m = row["metrics"]
+    return row["status"] == "FINISHED" and "efficiency" in m and int(m.get("epoch", epochs)) >= epochs
+
+
+def is_stopped(row: dict, epochs: int) -> bool:
+    """Finished before the last epoch (ASHA's early stop)."""
+    return row["status"] == "FINISHED" and "efficiency" in row["metrics"] and not is_complete(row, epochs)
+
+
+def reference(baselines: list[dict], epochs: int) -> dict | None:
+    """The best complete baseline by efficiency (the one every ratio is taken against)."""
+    done = [b for b in baselines if is_complete(b, epochs)]
+    return max(done, key=lambda b: b["metrics"]["efficiency"]) if done else None
+
+
+def reference_acc(ref: dict | None, epoch: int) -> float | None:
+    """The reference's validation accuracy at ``epoch`` (1-based; its last one past its end)."""
+    if ref is None:
+        return None
+    curve = ref.get("curve") or [ref["metrics"]["val_acc"]]
+    return curve[min(max(epoch, 1), len(curve)) - 1]
+
+
+def acc_gap(metrics: dict, ref: dict | None) -> float | None:
+    """Validation accuracy minus the reference's at the same epoch (pp); None without a reference."""
+    ra = reference_acc(ref, int(metrics.get("epoch", 1)))
+    return None if ra is None or "val_acc" not in metrics else metrics["val_acc"] - ra
+
+
+def feasible(metrics: dict, ref: dict | None, margin: float = DEFAULT_MARGIN_PP) -> bool:
+    gap = acc_gap(metrics, ref)
+    return gap is None or gap >= -margin
+
+
+def ratio(metrics: dict, ref: dict | None) -> float | None:
+    if ref is None or "efficiency" not in metrics:
+        return None
+    return metrics["efficiency"] / ref["metrics"]["efficiency"]
+
+
+def confirmed_metrics(confirms: list[dict]) -> dict:
+    """trial run id -> the metrics its finished confirm run measured alone."""
+    return {c["confirms"]: c["metrics"] for c in confirms if c["status"] == "FINISHED" and "efficiency" in c["metrics"]}
+
+
+@dataclass
+class Ranked:
+    """A complete trial with the figures that judge it (``measured``: alone where confirmed)."""
+    row: dict
+    measured: dict
+    confirmed: bool
+    feasible: bool
+    ratio: float | None
+    gap: float | None
+
+
+@dataclass
+class Outcome:
+    """Everything a reader of the search needs, computed once by the rules above."""
+    epochs: int
+    margin: float
+    baselines: list = field(default_factory=list)  # complete baselines, best first
+    reference: dict | None = None
+    ranked: list = field(default_factory=list)  # complete trials, best measured efficiency first
+    stopped: list = field(default_factory=list)  # stopped early (ASHA)
+    failed: list = field(default_factory=list)
+    trials: int = 0
+
+    @property
+    def feasible(self) -> list:
+        return [r for r in self.ranked if r.feasible]
+
+    @property
+    def best(self) -> Ranked | None:
+        """The best feasible trial (among the confirmed ones where any were confirmed)."""
+        pool = [r for r in self.feasible if r.confirmed] or self.feasible
+        return max(pool, key=lambda r: r.measured["efficiency"]) if pool else None
+
+    @property
+    def beats_reference(self) -> bool:
+        b = self.best
+        return b is not None and (self.reference is None or b.ratio > 1.0)
+
+
+def outcome(rows: list[dict], confirms: list[dict], baselines: list[dict], epochs: int,
+            margin: float = DEFAULT_MARGIN_PP) -> Outcome:
+    ref = reference(baselines, epochs)
+    conf = confirmed_metrics(confirms)
+    out = Outcome(epochs=epochs, margin=margin, reference=ref, trials=len(rows),
+                  baselines=sorted([b for b in baselines if is_complete(b, epochs)],
+                                   key=lambda b: -b["metrics"]["efficiency"]))
+    for r in rows:
+        if is_complete(r, epochs):
+            m = conf.get(r["run_id"], r["metrics"])
+            out.ranked.append(Ranked(r, m, r["run_id"] in conf, feasible(m, ref, margin), ratio(m, ref),
+                                     acc_gap(m, ref)))
+        elif is_stopped(r, epochs):
+            out.stopped.append(r)
+        elif r["status"] == "FAILED":
+            out.failed.append(r)
+    out.ranked.sort(key=lambda x: -x.measured["efficiency"])
+    return out
+
+
+# --------------------------------------------------------------------------- Pareto
 def dominates(a: dict, b: dict) -> bool:
     ka = (a["val_acc"], -a["epoch_time_last5_s"], -a["peak_mem_gib"])
     kb = (b["val_acc"], -b["epoch_time_last5_s"], -b["peak_mem_gib"])
@@ -27,43 +160,71 @@ def dominates(a: dict, b: dict) -> bool:
 
 
 def pareto_front(rows: list[dict]) -> list[dict]:
-    """Non-dominated trials (max val_acc, min epoch time, min peak memory), best accuracy first."""
+    """Non-dominated rows (max val_acc, min epoch time, min peak memory), best accuracy first."""
     ok = [r for r in rows if all(k in r["metrics"] for k in ("val_acc", "epoch_time_last5_s", "peak_mem_gib"))]
     front = [r for r in ok if not any(dominates(o["metrics"], r["metrics"]) for o in ok if o is not r)]
     return sorted(front, key=lambda r: -r["metrics"]["val_acc"])
 
 
-def pick(rows: list[dict], confirms: list[dict], objective: str, how: str) -> tuple[dict, dict]:
-    """(trial row, measured metrics): the best trial, or entry N of the Pareto front.
+# --------------------------------------------------------------------------- the pick to export
+@dataclass
+class Pick:
+    kind: str  # "trial" | "baseline"
+    row: dict  # the MLflow row of the trial, or of the baseline
+    measured: dict  # the figures the pick is judged by
+    reason: str
 
-    Where a trial was re-measured alone (``--confirm``), the confirmed figures decide and are
-    exported: figures taken while trials shared the GPU are distorted by the sharing.
-    """
-    done = [r for r in rows if r["status"] == "FINISHED" and "efficiency" in r["metrics"]]
-    if not done:
-        raise ConfigError("no finished trial to export")
-    confirmed = {c["confirms"]: c for c in confirms if c["status"] == "FINISHED" and "efficiency" in c["metrics"]}
 
-    def measured(r):
-        return confirmed[r["run_id"]]["metrics"] if r["run_id"] in confirmed else r["metrics"]
-
+def pick(o: Outcome, objective: str, how: str) -> Pick:
+    """What ``export`` writes: the best feasible trial, entry N of the feasible Pareto front,
+    or the reference baseline when no feasible trial beats it."""
     if how == "best":
         if objective == "pareto":
-            front = pareto_front([{**r, "metrics": measured(r)} for r in done])
-            best = max(front, key=lambda r: r["metrics"]["efficiency"])
-            r = next(x for x in done if x["run_id"] == best["run_id"])
+            front = pareto_front([{**r.row, "metrics": r.measured} for r in o.feasible])
+            chosen = max(front, key=lambda r: r["metrics"]["efficiency"]) if front else None
+            best = next((r for r in o.feasible if chosen and r.row["run_id"] == chosen["run_id"]), None)
         else:
-            pool = [r for r in done if r["run_id"] in confirmed] or done
-            r = max(pool, key=lambda r: measured(r)["efficiency"])
-        return r, measured(r)
+            best = o.best
+        if best is not None and (o.reference is None or best.ratio > 1.0):
+            return Pick("trial", best.row, best.measured, "best feasible trial")
+        if o.reference is not None:
+            why = ("no trial finished all epochs" if not o.ranked else
+                   "no trial kept validation accuracy within the margin" if best is None else
+                   f"the best feasible trial scored {best.ratio:.2f}x the baseline")
+            return Pick("baseline", o.reference, o.reference["metrics"], f"nothing feasible beat the baseline: {why}")
+        raise ConfigError("no finished trial to export" if not o.ranked else
+                          "no trial is feasible and no baseline finished: nothing to export")
     if how.startswith("pareto-"):
         try:
             i = int(how.split("-", 1)[1])
         except ValueError:
             raise ConfigError(f"--pick {how}: expected best or pareto-N") from None
-        front = pareto_front([{**r, "metrics": measured(r)} for r in done])
+        front = pareto_front([{**r.row, "metrics": r.measured} for r in o.feasible])
         if not 0 <= i < len(front):
-            raise ConfigError(f"--pick {how}: the Pareto front has {len(front)} trials (pareto-0 .. pareto-{len(front) - 1})")
-        r = next(x for x in done if x["run_id"] == front[i]["run_id"])
-        return r, measured(r)
+            raise ConfigError(f"--pick {how}: the Pareto front has {len(front)} feasible trials "
+                              f"(pareto-0 .. pareto-{max(0, len(front) - 1)})")
+        r = next(x for x in o.feasible if x.row["run_id"] == front[i]["run_id"])
+        return Pick("trial", r.row, r.measured, f"entry {i} of the feasible Pareto front")
     raise ConfigError(f"--pick {how}: expected best or pareto-N")
+
+
+# --------------------------------------------------------------------------- cost
+def gpu_seconds(rows: list[dict]) -> float:
+    """Device time a set of runs held: wall time x the share of the GPU each held."""
+    total = 0.0
+    for r in rows:
+        m = r["metrics"]
+        if "wall_s" in m:
+            total += m["wall_s"] * m.get("gpu_share", 1.0)
+    return total
+
+
+def payback(search_gpu_s: float, ref_epoch_s: float, tuned_epoch_s: float) -> dict:
+    """After how many production epochs the search's device time is repaid by faster epochs."""
+    saved = ref_epoch_s - tuned_epoch_s
+    return {"search_gpu_s": search_gpu_s, "saved_s_per_epoch": saved,
+            "payback_epochs": search_gpu_s / saved if saved > 0 else None}
+
+
+def fmt(x: float | None, spec: str = ".2f", none: str = "-") -> str:
+    return none if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)

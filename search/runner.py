@@ -7,6 +7,7 @@ Layout under the store (default ``mlruns/``):
 """
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import math
@@ -65,10 +66,30 @@ def _init_ray(address: str | None, quiet: bool = True) -> None:
         ray.init(address="local", num_cpus=os.cpu_count(), **kw)
 
 
+def _constrained_optuna():
+    from ray.tune.search.optuna import OptunaSearch
+
+    class AccuracyConstrainedOptuna(OptunaSearch):
+        """Ray's OptunaSearch that hands Optuna the accuracy constraint with each result
+        (``acc_constraint`` <= 0: feasible), so TPE models infeasible trials as infeasible
+        instead of as low scores."""
+
+        def on_trial_complete(self, trial_id, result=None, error=False):
+            ot = self._ot_trials.get(trial_id)
+            if ot is not None and result and result.get("acc_constraint") is not None \
+                    and trial_id not in self._completed_trials:
+                try:
+                    ot.set_constraint("accuracy", float(result["acc_constraint"]))
+                except Exception:  # a trial Optuna already closed
+                    pass
+            super().on_trial_complete(trial_id, result, error)
+
+    return AccuracyConstrainedOptuna
+
+
 def _searcher(space: SearchSpace):
     import optuna
     from ray.tune.search import ConcurrencyLimiter
-    from ray.tune.search.optuna import OptunaSearch
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if space.sampler == "random":
@@ -80,11 +101,12 @@ def _searcher(space: SearchSpace):
             warnings.simplefilter("ignore")
             sampler = optuna.samplers.TPESampler(seed=space.seed, multivariate=True, constant_liar=True,
                                                  n_startup_trials=max(2, min(10, space.trials // 3)))
-    alg = OptunaSearch(space=space.optuna_distributions(), metric=space.metric, mode=space.mode, sampler=sampler)
+    alg = _constrained_optuna()(space=space.optuna_distributions(), metric=space.metric, mode=space.mode,
+                                sampler=sampler)
     return ConcurrencyLimiter(alg, max_concurrent=space.concurrency)
 
 
-def _trainable(space: SearchSpace, shared: int):
+def _trainable(space: SearchSpace, shared: int, ref_curve: list | None):
     from ray import tune
 
     from triaccel.search.trainable import run_trial
@@ -93,11 +115,17 @@ def _trainable(space: SearchSpace, shared: int):
     if _gpu_count() > 0:
         res["gpu"] = space.gpus_per_trial
     fn = tune.with_parameters(run_trial, space_data=space.raw, shared=shared,
-                              gpu_fraction=space.gpus_per_trial if _gpu_count() > 0 else 1.0)
+                              gpu_fraction=space.gpus_per_trial if _gpu_count() > 0 else 1.0,
+                              ref_curve=ref_curve, margin=space.margin)
     return tune.with_resources(fn, res)
 
 
-def _tuner(space: SearchSpace, name: str, uri: str, shared: int):
+def gpu_share(space: SearchSpace, shared: int) -> float:
+    """The share of the device a trial holds: its GPU fraction, or 1/shared on a CPU machine."""
+    return space.gpus_per_trial if _gpu_count() > 0 else 1.0 / max(1, shared)
+
+
+def _tuner(space: SearchSpace, name: str, uri: str, shared: int, ref_curve: list | None):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
@@ -107,17 +135,20 @@ def _tuner(space: SearchSpace, name: str, uri: str, shared: int):
 
     epochs = from_dict(TrainConfig, dict(space.train)).epochs
     if space.scheduler == "asha" and space.objective == "efficiency":
-        sched = ASHAScheduler(metric="efficiency", mode="max", time_attr="training_iteration", max_t=epochs,
+        # ASHA ranks by the efficiency of feasible trials; a trial below the accuracy margin ranks
+        # under every feasible one (search_score < 0), so it is the first to stop
+        sched = ASHAScheduler(metric="search_score", mode="max", time_attr="training_iteration", max_t=epochs,
                               grace_period=space.grace_period, reduction_factor=2)
     else:  # ASHA needs one metric: off for the multi-objective search
         sched = FIFOScheduler()
     return tune.Tuner(
-        _trainable(space, shared),
+        _trainable(space, shared, ref_curve),
         tune_config=tune.TuneConfig(search_alg=_searcher(space), scheduler=sched, num_samples=space.trials,
                                     trial_dirname_creator=lambda t: t.trial_id, reuse_actors=False),
         run_config=tune.RunConfig(
             name=name, storage_path=str(tune_root()), verbose=0,
-            callbacks=[MLflowSearchCallback(uri, EXPERIMENT, name, space, shared), ConsoleReporter(space.trials)],
+            callbacks=[MLflowSearchCallback(uri, EXPERIMENT, name, space, shared, gpu_share(space, shared)),
+                       ConsoleReporter(space.trials)],
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             failure_config=tune.FailureConfig(max_failures=0)))
 
@@ -147,8 +178,9 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     (path / STATE_FILE).write_text(json.dumps(state, indent=1))
     print(f"triaccel search '{name}': {space.trials} trials of {space.source}, {space.concurrency} at a time, "
           f"objective {space.objective}; Tune state in {path}; MLflow {uri} (experiment '{EXPERIMENT}')", flush=True)
+    ref_curve = run_baselines(name, space, uri)
     _init_ray(address)
-    tuner = _tuner(space, name, uri, shared)
+    tuner = _tuner(space, name, uri, shared, ref_curve)
     tuner.fit()
     summary = finish(name, space, uri, default_confirm(confirm, shared))
     return summary
@@ -161,10 +193,11 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
     from ray import tune
 
     print(f"triaccel resume '{name}': restoring {tune_root() / name}", flush=True)
+    ref_curve = run_baselines(name, space, state["tracking_uri"])  # only those not finished before
     _init_ray(address or state.get("address"))
     if not tune.Tuner.can_restore(str(tune_root() / name)):
         raise TriAccelError(f"search '{name}' has no Tune state to restore in {tune_root() / name}")
-    tuner = tune.Tuner.restore(str(tune_root() / name), trainable=_trainable(space, state["shared"]),
+    tuner = tune.Tuner.restore(str(tune_root() / name), trainable=_trainable(space, state["shared"], ref_curve),
                                resume_unfinished=True, resume_errored=False, restart_errored=False)
     tuner.fit()
     return finish(name, space, state["tracking_uri"], default_confirm(confirm, state["shared"]))
@@ -209,109 +242,249 @@ def list_names() -> list[str]:
     return sorted(p.name for p in root.iterdir() if (p / STATE_FILE).is_file())
 
 
-def _rows(name: str, uri: str):
-    from triaccel.search.results import trial_table
+def _client(uri: str):
     from triaccel.tracking import client, ensure_experiment
 
     c = client(uri)
-    exp = ensure_experiment(c, EXPERIMENT)
-    return c, exp, trial_table(c, exp, name), trial_table(c, exp, name, role="confirm")
+    return c, ensure_experiment(c, EXPERIMENT)
+
+
+def read_outcome(name: str, space: SearchSpace, uri: str):
+    """The search as the result rules see it (``triaccel.search.results``): the one reading
+    every command shares."""
+    from triaccel.search.results import outcome, trial_table
+
+    c, exp = _client(uri)
+    return outcome(trial_table(c, exp, name), trial_table(c, exp, name, role="confirm"),
+                   trial_table(c, exp, name, role="baseline", curves=True), space.epochs, space.margin)
+
+
+def parent_run(name: str, space: SearchSpace, uri: str, shared: int) -> str:
+    """The search's parent MLflow run, created once (the Tune callback finds the same one)."""
+    from triaccel.search.callbacks import TAG_ROLE, TAG_SEARCH
+    from triaccel.tracking import git_revision, log_yaml_artifact
+
+    c, exp = _client(uri)
+    found = c.search_runs([exp], filter_string=f"tags.`{TAG_SEARCH}` = '{name}' and tags.`{TAG_ROLE}` = 'parent'",
+                          max_results=1)
+    if found:
+        return found[0].info.run_id
+    run = c.create_run(exp, run_name=name, tags={
+        TAG_SEARCH: name, TAG_ROLE: "parent", "git_revision": git_revision(), "space_file": space.source,
+        "space_sha256": space.sha256, "objective": space.objective, "shared_trials": str(shared)})
+    log_yaml_artifact(c, run.info.run_id, space.raw, "space.yaml")
+    return run.info.run_id
+
+
+def run_alone(name: str, uri: str, cfg, tags: dict, label: str) -> dict | None:
+    """Train one configuration alone on the device, in this process, as a child run of the
+    search: the baselines and the confirm re-runs. The summary, or None if it failed."""
+    import time
+
+    from triaccel.control import TriAccelLoop
+    from triaccel.tracking import MLflowLogger, log_metrics
+    from triaccel.trainer import Trainer
+
+    cfg.tracking.experiment = EXPERIMENT
+    cfg.tracking.tracking_uri = uri
+    cfg.tracking.run_name = f"{name}-{label}"
+    cfg.evaluate_test = False
+    logger = MLflowLogger(cfg, parent_run_id=tags.pop("parent"), extra_tags={"shared_trials": "1", **tags})
+    cbs = ([TriAccelLoop(cfg.triaccel, log=lambda *a: None)] if cfg.mode == "triaccel" else []) + [logger]
+    t0 = time.perf_counter()
+    trainer = Trainer(cfg, callbacks=cbs, log=lambda *a: None).setup()
+    try:
+        s = trainer.fit()
+    except TriAccelError as e:
+        logger.finish("FAILED", reason=f"{type(e).__name__}: {e}")
+        print(f"{label}: FAILED {e}", flush=True)
+        return None
+    s["wall_s"] = time.perf_counter() - t0
+    log_metrics(logger.client, logger.run_id, {"efficiency": s["efficiency"], "val_acc": s["val_acc"],
+                                               "epoch_time_last5_s": s["epoch_time_last5_s"],
+                                               "peak_mem_gib": s["peak_mem_gib"], "epoch": trainer.epoch,
+                                               "wall_s": s["wall_s"], "gpu_share": 1.0}, step=trainer.epoch)
+    logger.finish()
+    return s
+
+
+def run_baselines(name: str, space: SearchSpace, uri: str) -> list | None:
+    """Train the static AMP references the space declares, alone and before any trial (resumed
+    searches train only those not finished), and return the reference baseline's per-epoch
+    validation accuracy: the curve every trial's accuracy is held to."""
+    from triaccel.config import TrainConfig, from_dict
+    from triaccel.search.callbacks import TAG_ROLE, TAG_SEARCH
+    from triaccel.search.results import reference, trial_table
+
+    runs = space.baseline_runs()
+    if not runs:
+        print("no baseline declared (baseline.batch_sizes: []): trials are not held to an accuracy", flush=True)
+        return None
+    c, exp = _client(uri)
+    parent = parent_run(name, space, uri, 1)
+    have = trial_table(c, exp, name, role="baseline")
+    done = {b["tags"].get("triaccel.baseline") for b in have if b["status"] == "FINISHED"}
+    for b in have:  # a baseline cut short by a crash is re-trained, its run closed as KILLED
+        if b["status"] == "RUNNING":
+            c.set_terminated(b["run_id"], status="KILLED")
+    todo = [(label, d) for label, d in runs if label not in done]
+    if todo:
+        print(f"baselines: static AMP {', '.join(label for label, _ in todo)}, alone, "
+              f"{space.epochs} epochs each (what a user would run without the search)", flush=True)
+    for label, d in todo:
+        cfg = from_dict(TrainConfig, d)
+        s = run_alone(name, uri, cfg, {"parent": parent, TAG_SEARCH: name, TAG_ROLE: "baseline",
+                                       "triaccel.baseline": label, "triaccel.trial_id": f"baseline-{label}",
+                                       "triaccel.values": json.dumps({"mode": "amp", "amp_dtype": d["amp_dtype"],
+                                                                      "batch_size": d["batch_size"]})}, label)
+        if s is not None:
+            print(f"baseline {label}: eff {s['efficiency']:.2f}  val {s['val_acc']:.2f}%  "
+                  f"{s['epoch_time_last5_s']:.2f}s/epoch  {s['peak_mem_gib']:.3f} GiB", flush=True)
+    ref = reference(trial_table(c, exp, name, role="baseline", curves=True), space.epochs)
+    if ref is None:
+        print("no baseline finished: trials are not held to an accuracy", flush=True)
+        return None
+    print(f"reference baseline: {ref['tags'].get('triaccel.baseline')} (eff {ref['metrics']['efficiency']:.2f}); "
+          f"a trial more than {space.margin:g} pp below its validation accuracy at the same epoch is infeasible",
+          flush=True)
+    return ref["curve"]
 
 
 def finish(name: str, space: SearchSpace, uri: str, confirm: int) -> dict:
+    from triaccel.search.results import fmt, pick
+
     if confirm:
         confirm_top(name, space, uri, confirm)
-    c, exp, rows, confirms = _rows(name, uri)
-    done = sorted([r for r in rows if r["status"] == "FINISHED" and "efficiency" in r["metrics"]],
-                  key=lambda r: -r["metrics"]["efficiency"])
-    failed = [r for r in rows if r["status"] == "FAILED"]
-    print(f"\nsearch '{name}': {len(done)} finished, {len(failed)} failed, {len(rows)} trials in MLflow")
-    if done:
-        keys = list(space.params)
-        head = f"{'rank':>4} {'trial':>10} {'eff':>10} {'val%':>6} {'s/ep':>6} {'GiB':>6}  " + \
-               "  ".join(k.split(".")[-1][:10] for k in keys)
-        print(head)
-        for i, r in enumerate(done[:5]):
-            m = r["metrics"]
-            vals = "  ".join(f"{r['values'].get(k, float('nan')):.3g}".rjust(len(k.split('.')[-1][:10])) for k in keys)
-            print(f"{i + 1:>4} {r['trial_id']:>10} {m['efficiency']:10.2f} {m.get('val_acc', 0):6.2f} "
-                  f"{m.get('epoch_time_last5_s', 0):6.2f} {m.get('peak_mem_gib', 0):6.3f}  {vals}")
+    o = read_outcome(name, space, uri)
+    record_best(name, space, uri, o)
+    print(f"\nsearch '{name}': {len(o.ranked)} finished ({len(o.feasible)} feasible), {len(o.stopped)} stopped early, "
+          f"{len(o.failed)} failed, {o.trials} trials in MLflow")
+    keys = list(space.params)
+    head = f"{'rank':>5} {'run':>16} {'eff':>8} {'x base':>6} {'val%':>6} {'d.acc':>6} {'s/ep':>6} {'GiB':>6}  " + \
+        "  ".join(k.split(".")[-1][:10] for k in keys)
+    print(head)
+    for b in o.baselines:
+        m = b["metrics"]
+        r = m["efficiency"] / o.reference["metrics"]["efficiency"]
+        print(f"{'base':>5} {b['tags'].get('triaccel.baseline', '?'):>16} {m['efficiency']:8.2f} {r:6.2f} "
+              f"{m['val_acc']:6.2f} {'':>6} {m['epoch_time_last5_s']:6.2f} {m['peak_mem_gib']:6.3f}")
+    for i, x in enumerate(o.ranked[:8]):
+        m = x.measured
+        vals = "  ".join(f"{x.row['values'].get(k, float('nan')):.3g}".rjust(len(k.split('.')[-1][:10])) for k in keys)
+        rank = f"{i + 1}{'' if x.feasible else '!'}{'*' if x.confirmed else ''}"
+        print(f"{rank:>5} {x.row['trial_id']:>16} {m['efficiency']:8.2f} {fmt(x.ratio):>6} {m.get('val_acc', 0):6.2f} "
+              f"{fmt(x.gap, '+.2f'):>6} {m.get('epoch_time_last5_s', 0):6.2f} {m.get('peak_mem_gib', 0):6.3f}  {vals}")
+    if o.ranked:
+        print(f"  (x base: efficiency / the reference baseline's; d.acc: validation accuracy minus the reference's "
+              f"at the same epoch; !: more than {space.margin:g} pp below it, infeasible, never exported; "
+              f"*: re-measured alone)")
+    p = None
+    try:
+        p = pick(o, space.objective, "best")
+    except TriAccelError:
+        pass
+    if p is not None and p.kind == "baseline":
+        print(f"{p.reason}: `export` writes the static baseline {p.row['tags'].get('triaccel.baseline')}")
     print(f"export the best: triaccel export {name} --out tuned.yaml    browse: triaccel ui")
-    return {"finished": len(done), "failed": len(failed), "trials": len(rows), "best": done[0] if done else None}
+    best = o.best.row if o.best else None
+    return {"finished": len(o.ranked), "feasible": len(o.feasible), "failed": len(o.failed), "trials": o.trials,
+            "best": best, "pick": p.kind if p else None}
+
+
+def record_best(name: str, space: SearchSpace, uri: str, o) -> None:
+    """The parent run's best: the same pick ``export`` makes (set again after confirm runs)."""
+    from triaccel.search.results import pick
+    from triaccel.tracking import log_metrics, log_yaml_artifact
+
+    c, exp = _client(uri)
+    parent = parent_run(name, space, uri, 1)
+    try:
+        p = pick(o, space.objective, "best")
+    except TriAccelError:
+        return
+    c.set_tag(parent, "best_run_id", p.row["run_id"])
+    c.set_tag(parent, "best_kind", p.kind)
+    m = {"best_efficiency": p.measured["efficiency"], "best_val_acc": p.measured.get("val_acc", math.nan),
+         "trials_feasible": len(o.feasible)}
+    if o.reference is not None:
+        m["reference_efficiency"] = o.reference["metrics"]["efficiency"]
+        m["best_ratio_to_baseline"] = p.measured["efficiency"] / o.reference["metrics"]["efficiency"]
+    log_metrics(c, parent, m, step=o.trials)
+    log_yaml_artifact(c, parent, {"kind": p.kind, "why": p.reason, "run_id": p.row["run_id"], "values": p.row["values"],
+                                  "metrics": p.measured}, "best_config.yaml")
 
 
 def confirm_top(name: str, space: SearchSpace, uri: str, k: int) -> None:
-    """Re-run the top K configurations alone (no GPU sharing) and log them as confirm runs."""
-    from triaccel.control import TriAccelLoop
+    """Re-run the top K feasible configurations alone (no GPU sharing) as confirm runs."""
     from triaccel.search.callbacks import TAG_ROLE, TAG_SEARCH
-    from triaccel.tracking import MLflowLogger
-    from triaccel.trainer import Trainer
+    from triaccel.search.results import confirmed_metrics, trial_table
 
-    c, exp, rows, confirms = _rows(name, uri)
-    done_ids = {x["confirms"] for x in confirms if x["status"] == "FINISHED"}
-    done = sorted([r for r in rows if r["status"] == "FINISHED" and "efficiency" in r["metrics"]],
-                  key=lambda r: -r["metrics"]["efficiency"])[:k]
-    parent = c.search_runs([exp], filter_string=f"tags.`{TAG_SEARCH}` = '{name}' and tags.`{TAG_ROLE}` = 'parent'")
-    for r in done:
+    o = read_outcome(name, space, uri)
+    c, exp = _client(uri)
+    done_ids = set(confirmed_metrics(trial_table(c, exp, name, role="confirm")))
+    parent = parent_run(name, space, uri, 1)
+    for x in [r for r in o.ranked if r.feasible][:k]:
+        r = x.row
         if r["run_id"] in done_ids:
             continue
-        cfg = space.train_config(r["values"])
-        cfg.tracking.experiment = EXPERIMENT
-        cfg.tracking.run_name = f"{name}-confirm-{r['trial_id']}"
-        cfg.evaluate_test = False
-        logger = MLflowLogger(cfg, parent_run_id=parent[0].info.run_id if parent else None,
-                              extra_tags={TAG_SEARCH: name, TAG_ROLE: "confirm", "triaccel.confirms": r["run_id"],
-                                          "triaccel.values": json.dumps(r["values"]), "shared_trials": "1",
-                                          "triaccel.trial_id": f"confirm-{r['trial_id']}"})
-        cbs = ([TriAccelLoop(cfg.triaccel, log=lambda *a: None)] if cfg.mode == "triaccel" else []) + [logger]
         print(f"confirm {r['trial_id']}: re-running alone ...", flush=True)
-        t = Trainer(cfg, callbacks=cbs, log=lambda *a: None).setup()
-        try:
-            s = t.fit()
-        except TriAccelError as e:
-            logger.finish("FAILED", reason=f"{type(e).__name__}: {e}")
-            continue
-        log = {"efficiency": s["efficiency"], "val_acc": s["val_acc"], "epoch_time_last5_s": s["epoch_time_last5_s"],
-               "peak_mem_gib": s["peak_mem_gib"]}
-        from triaccel.tracking import log_metrics
-
-        log_metrics(logger.client, logger.run_id, log, step=t.epoch + 1)
-        logger.finish()
-        print(f"confirm {r['trial_id']}: eff {s['efficiency']:.2f} (shared: {r['metrics']['efficiency']:.2f})  "
-              f"val {s['val_acc']:.2f}%", flush=True)
+        s = run_alone(name, uri, space.train_config(r["values"]),
+                      {"parent": parent, TAG_SEARCH: name, TAG_ROLE: "confirm", "triaccel.confirms": r["run_id"],
+                       "triaccel.values": json.dumps(r["values"]), "triaccel.trial_id": f"confirm-{r['trial_id']}"},
+                      f"confirm-{r['trial_id']}")
+        if s is not None:
+            print(f"confirm {r['trial_id']}: eff {s['efficiency']:.2f} (shared: {r['metrics']['efficiency']:.2f})  "
+                  f"val {s['val_acc']:.2f}%", flush=True)
 
 
-def export(name: str, out: str, how: str = "best") -> Path:
-    state = read_state(name)
-    space = parse_space(state["space"], source=state["source"], sha256=state["sha256"])
-    from triaccel.search.results import pick
-
-    c, exp, rows, confirms = _rows(name, state["tracking_uri"])
-    row, measured = pick(rows, confirms, space.objective, how)
-    train = space.train_dict(row["values"])
-    train.setdefault("tracking", {})
-    train["tracking"] = {**train["tracking"], "enabled": True, "experiment": "triaccel-train"}
-    train["evaluate_test"] = True
+def export(name: str, out: str, how: str = "best", force: bool = False) -> Path:
     from triaccel.config import TrainConfig, from_dict, to_dict
-
-    cfg = from_dict(TrainConfig, train)  # what `triaccel train --config` will accept
-    data = to_dict(cfg)
+    from triaccel.search.results import gpu_seconds, payback, pick, trial_table
     from triaccel.tracking import git_revision
 
-    data["provenance"] = {
-        "search": name, "mlflow_run_id": row["run_id"], "trial_id": row["trial_id"],
-        "tracking_uri": state["tracking_uri"], "pick": how, "objective": space.objective,
-        "confirmed_alone": any(x["confirms"] == row["run_id"] for x in confirms),
-        "metrics": {k: float(v) for k, v in measured.items() if k in ("efficiency", "val_acc", "epoch_time_last5_s",
-                                                                         "peak_mem_gib", "shared_trials")},
-        "searched": row["values"], "space_file": state["source"], "space_sha256": state["sha256"],
-        "exported": datetime.datetime.now().isoformat(timespec="seconds"), "git_revision": git_revision()}
+    state = read_state(name)
+    space = parse_space(state["space"], source=state["source"], sha256=state["sha256"])
     p = Path(out)
     if p.exists() and p.is_dir():
         raise ConfigError(f"--out {out}: is a directory")
+    if p.exists() and not force:
+        raise ConfigError(f"--out {out}: exists; choose another path or add --force to replace it")
+    uri = state["tracking_uri"]
+    o = read_outcome(name, space, uri)
+    chosen = pick(o, space.objective, how)
+    row, measured = chosen.row, chosen.measured
+    if chosen.kind == "baseline":
+        train = copy.deepcopy(dict(space.baseline_runs())[row["tags"]["triaccel.baseline"]])
+    else:
+        train = space.train_dict(row["values"])
+    train.setdefault("tracking", {})
+    train["tracking"] = {**train["tracking"], "enabled": True, "experiment": "triaccel-train"}
+    train["evaluate_test"] = True
+    cfg = from_dict(TrainConfig, train)  # what `triaccel train --config` will accept
+    data = to_dict(cfg)
+    keep = ("efficiency", "val_acc", "epoch_time_last5_s", "peak_mem_gib", "shared_trials")
+    c, exp = _client(uri)
+    runs = [r for role in ("trial", "confirm", "baseline") for r in trial_table(c, exp, name, role=role)]
+    prov = {
+        "search": name, "exported": chosen.kind, "why": chosen.reason, "mlflow_run_id": row["run_id"],
+        "trial_id": row["trial_id"], "tracking_uri": uri, "pick": how, "objective": space.objective,
+        "confirmed_alone": chosen.kind == "baseline" or any(x.row["run_id"] == row["run_id"] and x.confirmed
+                                                             for x in o.ranked),
+        "metrics": {k: float(v) for k, v in measured.items() if k in keep},
+        "searched": row["values"], "space_file": state["source"], "space_sha256": state["sha256"],
+        "exported_at": datetime.datetime.now().isoformat(timespec="seconds"), "git_revision": git_revision()}
+    if o.reference is not None:
+        ref = o.reference["metrics"]
+        prov["baseline"] = {
+            "run": o.reference["tags"].get("triaccel.baseline"), "mlflow_run_id": o.reference["run_id"],
+            "metrics": {k: float(v) for k, v in ref.items() if k in keep},
+            "ratio": measured["efficiency"] / ref["efficiency"],
+            "val_acc_diff_pp": measured["val_acc"] - ref["val_acc"], "accuracy_margin_pp": space.margin,
+            **payback(gpu_seconds(runs), ref["epoch_time_last5_s"], measured["epoch_time_last5_s"])}
+    data["provenance"] = prov
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(f"# Exported by `triaccel export {name}` from MLflow run {row['run_id']}.\n"
+    tmp.write_text(f"# Exported by `triaccel export {name}` from MLflow run {row['run_id']} ({chosen.reason}).\n"
                    f"# Train with: triaccel train --config {p}\n" + yaml.safe_dump(data, sort_keys=False))
     os.replace(tmp, p)
     return p
@@ -323,10 +496,11 @@ def list_searches() -> list[dict]:
         st = read_state(name)
         item = {"name": name, "space": st["source"], "created": st["created"], "trials": st["space"].get("trials")}
         try:
-            _, _, rows, _ = _rows(name, st["tracking_uri"])
-            done = [r for r in rows if r["status"] == "FINISHED" and "efficiency" in r["metrics"]]
-            item.update(finished=len(done), failed=sum(r["status"] == "FAILED" for r in rows),
-                        best=max((r["metrics"]["efficiency"] for r in done), default=None))
+            space = parse_space(st["space"], source=st["source"], sha256=st["sha256"])
+            o = read_outcome(name, space, st["tracking_uri"])
+            item.update(finished=len(o.ranked), failed=len(o.failed), feasible=len(o.feasible),
+                        best=o.best.measured["efficiency"] if o.best else None,
+                        ratio=o.best.ratio if o.best else None)
         except Exception as e:  # a store that moved: still list the search
             item["error"] = str(e)[:100]
         out.append(item)

@@ -11,6 +11,10 @@ A space file (``spaces/*.yaml``)::
     sampler: tpe                  # tpe | random
     seed: 0
     train: {...}                  # the fixed training settings: any TrainConfig keys
+    baseline:                     # the static reference a user would run without the search
+      batch_sizes: [96, 256, 512] # static AMP runs, alone, same epochs and seed (default: B, 2B, 4B)
+      amp_dtypes: [bf16]          # default: train.amp_dtype ([] batch_sizes: no baseline)
+      accuracy_margin: 0.5        # pp a trial may fall below the reference baseline (default 0.5)
     params:                       # the searched keys (dotted TrainConfig paths)
       triaccel.precision.tau_low:  {distribution: loguniform, low: 1.0e-9, high: 1.0e-5}
       triaccel.precision.tau_high: {distribution: loguniform, low: 1.0e-7, high: 1.0e-2,
@@ -43,7 +47,8 @@ from triaccel.errors import ConfigError
 
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "categorical")
 TOP_KEYS = {"name", "objective", "trials", "concurrency", "gpus_per_trial", "cpus_per_trial", "scheduler",
-            "sampler", "seed", "grace_period", "train", "params", "description"}
+            "sampler", "seed", "grace_period", "train", "params", "description", "baseline"}
+BASELINE_KEYS = {"batch_sizes", "amp_dtypes", "accuracy_margin"}
 PARAM_KEYS = {"distribution", "low", "high", "step", "choices", "above"}
 FRAC_SUFFIX = "@frac"  # Optuna's name for the position of an `above` parameter within its feasible range
 EPS = 1e-6
@@ -74,6 +79,9 @@ class SearchSpace:
     sampler: str = "tpe"
     seed: int = 0
     grace_period: int = 1
+    baseline_batches: list = field(default_factory=list)
+    baseline_dtypes: list = field(default_factory=list)
+    margin: float = 0.5
     source: str = "<dict>"
     sha256: str = ""
     raw: dict = field(default_factory=dict)
@@ -132,6 +140,23 @@ class SearchSpace:
 
     def train_config(self, values: dict) -> TrainConfig:
         return from_dict(TrainConfig, self.train_dict(values))
+
+    @property
+    def epochs(self) -> int:
+        return from_dict(TrainConfig, copy.deepcopy(self.train)).epochs
+
+    def baseline_runs(self) -> list[tuple[str, dict]]:
+        """(label, train dict) of every static AMP baseline: the space's train settings as they
+        are, in amp mode at each declared batch size and dtype."""
+        out = []
+        for dt in self.baseline_dtypes:
+            for b in self.baseline_batches:
+                d = copy.deepcopy(self.train)
+                d.pop("triaccel", None)
+                d.update(mode="amp", amp_dtype=dt, batch_size=b, evaluate_test=False)
+                d["accum_steps"] = 1
+                out.append((f"amp-{dt}-B{b}", d))
+        return out
 
     @property
     def metric(self):
@@ -265,9 +290,34 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "") -> SearchS
         seed=opt("seed", int, 0),
         grace_period=opt("grace_period", int, 1, lambda v: v >= 1, "must be >= 1"),
         source=source, sha256=sha256, raw=copy.deepcopy(data))
+    space.baseline_batches, space.baseline_dtypes, space.margin = _baseline(src, data.get("baseline"), base)
     if space.grace_period > base.epochs:
         raise _err(src, "grace_period", f"must be <= train.epochs ({base.epochs})")
     return space
+
+
+def _baseline(src: str, spec, base: TrainConfig) -> tuple[list, list, float]:
+    """The ``baseline`` section: batch sizes, AMP dtypes and the accuracy margin, checked."""
+    if spec is None:
+        spec = {}
+    if not isinstance(spec, dict):
+        raise _err(src, "baseline", "must be a mapping (batch_sizes, amp_dtypes, accuracy_margin)")
+    for k in spec:
+        if k not in BASELINE_KEYS:
+            raise _err(src, f"baseline.{k}", f"unknown key (valid: {', '.join(sorted(BASELINE_KEYS))})")
+    b0 = base.batch_size
+    sizes = spec.get("batch_sizes", [b0, 2 * b0, 4 * b0])
+    if not isinstance(sizes, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1
+                                              for x in sizes):
+        raise _err(src, "baseline.batch_sizes", f"must be a list of integers >= 1, got {sizes!r}")
+    default_dt = base.amp_dtype if base.amp_dtype in ("bf16", "fp16") else "bf16"
+    dtypes = spec.get("amp_dtypes", [default_dt])
+    if not isinstance(dtypes, list) or not dtypes or not all(d in ("bf16", "fp16") for d in dtypes):
+        raise _err(src, "baseline.amp_dtypes", f"must be a non-empty list of bf16 / fp16, got {dtypes!r}")
+    margin = _num(src, "baseline.accuracy_margin", spec.get("accuracy_margin", 0.5), "accuracy_margin")
+    if margin < 0:
+        raise _err(src, "baseline.accuracy_margin", f"must be >= 0 (percentage points), got {margin}")
+    return sorted(set(sizes)), list(dict.fromkeys(dtypes)), float(margin)
 
 
 def resolve_space_path(path: str) -> Path:
@@ -275,6 +325,8 @@ def resolve_space_path(path: str) -> Path:
     p = Path(path)
     if p.is_file():
         return p
+    if p.parent != Path(".") or p.exists():  # a path with a folder names a file, never a shipped space
+        raise ConfigError(f"{path}: no such space file")
     from importlib import resources
 
     name = p.name if p.suffix == ".yaml" else p.name + ".yaml"

@@ -22,15 +22,34 @@ REPORT_KEYS = ("epoch", "train_loss", "val_acc", "val_loss", "epoch_time_s", "ep
                "ctrl_windows", "ctrl_fp16_layers", "ctrl_bf16_layers", "ctrl_fp32_layers", "ctrl_lr_scale_min")
 
 
+def accuracy_terms(metrics: dict, ref_curve: list | None, margin: float) -> dict:
+    """The accuracy constraint for one epoch's result, by the rules of ``triaccel.search.results``:
+    ``acc_constraint`` <= 0 is feasible (Optuna's convention); ``search_score`` is what ASHA
+    ranks: the efficiency of a feasible trial, minus its shortfall for an infeasible one (below
+    every feasible trial)."""
+    from triaccel.search.results import acc_gap
+
+    eff = float(metrics["efficiency"])
+    if not ref_curve:
+        return {"search_score": eff, "feasible": 1.0}
+    gap = acc_gap(metrics, {"curve": ref_curve, "metrics": {"val_acc": ref_curve[-1]}})
+    constraint = -(gap + margin)
+    return {"acc_gap_pp": gap, "acc_constraint": constraint, "feasible": float(constraint <= 0),
+            "search_score": eff if constraint <= 0 else -constraint}
+
+
 class TuneReporter(Callback):
-    def __init__(self, loop, shared: int):
+    def __init__(self, loop, shared: int, ref_curve: list | None = None, margin: float = 0.5):
         self.loop = loop
         self.shared = shared
+        self.ref_curve = ref_curve
+        self.margin = margin
 
     def on_epoch_end(self, trainer, metrics):
         from ray import tune
 
         out = {k: float(metrics[k]) for k in REPORT_KEYS if k in metrics}
+        out.update(accuracy_terms(out, self.ref_curve, self.margin))
         out["shared_trials"] = self.shared
         out["first_epoch_peak_mem_gib"] = trainer.history.epochs[0]["peak_mem_gib"]
         with tempfile.TemporaryDirectory() as d:
@@ -41,7 +60,8 @@ class TuneReporter(Callback):
             tune.report(out, checkpoint=tune.Checkpoint.from_directory(d))
 
 
-def run_trial(config: dict, space_data: dict, shared: int, gpu_fraction: float) -> None:
+def run_trial(config: dict, space_data: dict, shared: int, gpu_fraction: float, ref_curve: list | None = None,
+              margin: float = 0.5) -> None:
     """One trial: ``config`` holds Optuna's sample; the fixed settings come from the space."""
     import torch
     from ray import tune
@@ -63,7 +83,7 @@ def run_trial(config: dict, space_data: dict, shared: int, gpu_fraction: float) 
 
         loop = TriAccelLoop(cfg.triaccel, log=lambda *a: None, shared_trials=shared)
         callbacks.append(loop)
-    callbacks.append(TuneReporter(loop, shared))
+    callbacks.append(TuneReporter(loop, shared, ref_curve, margin))
     trainer = Trainer(cfg, callbacks=callbacks, log=lambda *a: None).setup()
     ckpt = tune.get_checkpoint()
     if ckpt is not None:

@@ -148,3 +148,79 @@ def test_shrink_stops_where_the_fit_says_the_batch_fits():
     d = c.update(peak(64))
     assert d.action == "shrink" and d.batch == 43
     assert peak(d.batch) <= 0.85 * 0.494 * GiB
+
+
+# ---------------------------------------------------------------- the policies that target the score
+def h200_like(b):
+    """(seconds per step, peak bytes) shaped like ResNet-18 on the H200: the step time is flat
+    while the host issues the work (up to ~512) and grows with B after; memory is a + b*B."""
+    return max(0.011, 0.011 * b / 540), (0.184 + 0.00221 * b) * GiB
+
+
+def drive(c, model, windows=40, steps=10):
+    sizes = []
+    for _ in range(windows):
+        b = c.batch
+        sizes.append(b)
+        t, peak = model(b)
+        c.update(peak, seconds=t * steps, examples=b * steps)
+    return sizes
+
+
+def test_score_policy_grows_to_the_cheapest_size_then_holds():
+    c = BatchController(bc(policy="score", max_batch=4096, cooldown=1), 96, 96, 100 * GiB)
+    sizes = drive(c, h200_like)
+    assert not c.exploring
+    cost = lambda b: h200_like(b)[0] / b * h200_like(b)[1]  # noqa: E731
+    best_tried = min(c.costs, key=c.costs.get)
+    assert c.batch == best_tried and 400 <= c.batch <= 800  # the knee of the model
+    assert all(cost(c.batch) <= cost(s) for s in c.costs)
+    assert sizes[-10:] == [c.batch] * 10  # settled: holds
+    assert max(sizes) <= c.batch * 1.5 + 8  # one step past the best at most
+
+
+def test_score_policy_explores_down_when_growth_costs_more_and_keeps_the_budget_cap():
+    # compute-bound (time proportional to B): every example costs the same time, memory grows with B
+    linear = lambda b: (0.0001 * b, (0.05 + 0.001 * b) * GiB)  # noqa: E731
+    c = BatchController(bc(policy="score", min_batch=8, cooldown=0), 64, 64, 100 * GiB)
+    drive(c, linear)
+    assert not c.exploring and c.batch < 64  # smaller is cheaper here
+    # a budget cap: growth never past rho_high of it, even where the cost still falls
+    c = BatchController(bc(policy="score", max_batch=4096, cooldown=0, rho_high=0.8), 96, 96, 0.6 * GiB)
+    sizes = drive(c, h200_like)
+    assert all(h200_like(s)[1] <= 0.8 * 0.6 * GiB * 1.6 for s in sizes)  # one step over is shrunk back
+    assert h200_like(c.batch)[1] <= 0.8 * 0.6 * GiB
+    s = c.state_dict()
+    c2 = BatchController(bc(policy="score", max_batch=4096, cooldown=0, rho_high=0.8), 96, 96, 0.6 * GiB)
+    c2.load_state_dict(s)
+    assert (c2.batch, c2.exploring, c2.costs) == (c.batch, c.exploring, c.costs)
+
+
+def test_normalized_curvature_rule_is_scale_free_and_never_starves():
+    cfg = CurvatureConfig(alpha=2.0, lr_rule="normalized", min_lr_scale=0.2, tau_curv=3.0, ema=0.0)
+    lam = [[1.0], [2.0], [4.0], [8.0], [100.0]]  # median 4
+    a = CurvatureController(cfg, 5).update(lam)
+    b = CurvatureController(cfg, 5).update([[x[0] * 1e-5] for x in lam])  # same shape, other units
+    assert a.lr_scale == pytest.approx(b.lr_scale) and a.promote == b.promote
+    assert a.lr_scale[:3] == (1.0, 1.0, 1.0)  # at or below the median: eta_0
+    assert a.lr_scale[3] == pytest.approx(1 / (1 + 2.0 * 1.0))  # twice the median
+    assert a.lr_scale[4] == 0.2  # floored
+    assert a.promote == (False, False, False, False, True)
+    off = CurvatureController(CurvatureConfig(alpha=0.0, lr_rule="normalized"), 5).update(lam)
+    assert off.lr_scale == (1.0,) * 5
+
+
+def test_relative_precision_thresholds_reach_all_16_bit_and_all_fp32():
+    v = [1e-9, 1e-8, 1e-7, 1e-6, 1e-5]  # four decades, median 1e-7
+    lo = PrecisionController(pc(scale="relative", tau_low=1e3, tau_high=1e4, hysteresis=0), 5).update(v, 1)
+    assert lo.levels == ("fp16",) * 5
+    hi = PrecisionController(pc(scale="relative", tau_low=1e-4, tau_high=1e-3, hysteresis=0), 5).update(v, 1)
+    assert hi.levels == ("fp32",) * 5
+    mid = PrecisionController(pc(scale="relative", tau_low=0.5, tau_high=5, hysteresis=0), 5)
+    assert mid.update(v, 1).levels == ("fp16", "fp16", "bf16", "fp32", "fp32")
+    assert mid.update([x * 1e6 for x in v], 2).levels == ("fp16", "fp16", "bf16", "fp32", "fp32")  # scale-free
+
+
+def test_overflow_promote_switch_is_read():
+    c = PrecisionController(pc(hysteresis=0.0, min_dwell=100, overflow_promote=False), 2, initial="fp16")
+    assert c.update([1e-9, 1e-9], 1, overflow=[True, False]).levels == ("fp16", "fp16")

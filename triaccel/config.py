@@ -83,6 +83,11 @@ class PrecisionConfig:
     """§3.1: per-layer FP16/BF16/FP32 from an EMA of gradient variance."""
 
     enabled: bool = True
+    # absolute: the paper's rule, tau in units of the gradient variance itself (model-dependent);
+    # relative: tau in units of this window's median layer variance, so a tau range means the same
+    # for any model (tau_low above every ratio: every layer FP16; tau_high below every ratio: every
+    # layer FP32). On ResNet-18/CIFAR the layers' variances span ~4 decades (README).
+    scale: Literal["absolute", "relative"] = "absolute"
     tau_low: float = 1e-7  # v < tau_low -> FP16
     tau_high: float = 1e-4  # v >= tau_high -> FP32 (between: BF16)
     beta: float = 0.9  # EMA smoothing of the per-layer gradient variance
@@ -109,6 +114,14 @@ class CurvatureConfig:
     probe_dtype: Literal["fp32", "bf16"] = "fp32"  # precision of the probe's forward and products
     graphs: bool = True  # power on CUDA: capture one probe iteration in a CUDA graph, replay it (no host cost)
     alpha: float = 0.01
+    # paper: eta_l = eta_0 / (1 + alpha * lambda_l), lambda in the probe's own units (a Hessian
+    # eigenvalue and the Fisher proxy differ by orders of magnitude, so alpha's meaning moves with
+    # the method and the model); normalized: r_l = lambda_l / median over layers, eta_l = eta_0 /
+    # (1 + alpha * max(0, r_l - 1)) floored at min_lr_scale: layers at or below the median curvature
+    # keep eta_0, sharper ones are damped, none below min_lr_scale * eta_0 (no layer starves).
+    # tau_curv is compared with the same quantity (lambda, or r).
+    lr_rule: Literal["paper", "normalized"] = "paper"
+    min_lr_scale: float = 0.1  # normalized: the smallest lr scale any layer gets
     tau_curv: float = 100.0  # lambda_max above this promotes the layer's precision one level
     top_k: int = 5  # paper: k = 5
     every: int = 200  # T_curv, optimizer steps between refreshes (paper: 200)
@@ -120,6 +133,7 @@ class CurvatureConfig:
     def __post_init__(self):
         _check(self.alpha >= 0, "triaccel.curvature.alpha", "must be >= 0")
         _check(self.tau_curv > 0, "triaccel.curvature.tau_curv", "must be > 0")
+        _check(0 < self.min_lr_scale <= 1, "triaccel.curvature.min_lr_scale", "must be in (0, 1]")
         _check(self.top_k >= 1, "triaccel.curvature.top_k", "must be >= 1")
         _check(self.every >= 1, "triaccel.curvature.every", "must be >= 1")
         _check(self.batch >= 1, "triaccel.curvature.batch", "must be >= 1")
@@ -134,6 +148,15 @@ class BatchConfig:
 
     enabled: bool = True
     mode: Literal["paper", "constant"] = "paper"  # paper: B changes, lr follows lr_rule; constant: only micro-batch
+    # paper: fill the memory budget (grow below rho_low, shrink above rho_high, steps delta_up/down);
+    # score: find the size with the lowest time x peak memory per example (the efficiency score's
+    # denominator) early in the run, in short windows of explore_steps, growing by grow_factor while
+    # the cost falls (then trying smaller sizes if the first growth cost more), then hold it and switch
+    # cuDNN autotuning on. The budget (rho_high of it) stays a cap; delta_down is the step under it.
+    policy: Literal["paper", "score"] = "paper"
+    grow_factor: float = 1.5  # score: size ladder B0 * grow_factor^k (multiples of 8)
+    explore_steps: int = 10  # score: optimizer steps per measuring window while exploring
+    explore_tol: float = 0.03  # score: a size must cut the cost by this fraction to count as better
     rho_low: float = 0.6
     rho_high: float = 0.85
     delta_up: int = 16
@@ -155,6 +178,9 @@ class BatchConfig:
         _check(self.budget_gb is None or self.budget_gb > 0, "triaccel.batch.budget_gb", "must be > 0")
         _check(0 < self.budget_fraction <= 1, "triaccel.batch.budget_fraction", "must be in (0, 1]")
         _check(self.cooldown >= 0, "triaccel.batch.cooldown", "must be >= 0")
+        _check(1 < self.grow_factor <= 4, "triaccel.batch.grow_factor", "must be in (1, 4]")
+        _check(self.explore_steps >= 2, "triaccel.batch.explore_steps", "must be >= 2")
+        _check(0 <= self.explore_tol < 1, "triaccel.batch.explore_tol", "must be in [0, 1)")
 
 
 @dataclass

@@ -16,6 +16,7 @@ Each controller can be switched off alone (the paper's Table 2 ablation).
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -25,7 +26,7 @@ from triaccel.config import TriAccelConfig
 from triaccel.controllers import BatchController, CurvatureController, PrecisionController
 from triaccel.curvature import HessianProbe
 from triaccel.kernels import grad_stats, variance_ema
-from triaccel.measure import GiB, device_used_fraction
+from triaccel.measure import GiB, device_used_fraction, sync
 from triaccel.precision import DTYPES
 from triaccel.trainer import Callback
 
@@ -78,6 +79,7 @@ class TriAccelLoop(Callback):
             self.probe_gen = torch.Generator().manual_seed(tr.cfg.seed + 17)
         self.promote = [False] * self.L
         self.lam = [0.0] * self.L
+        self.last_var = [0.0] * self.L
         self.needs_stats = self.prec is not None or (self.curv is not None and c.curvature.method == "fisher")
 
         self.batch = None
@@ -90,8 +92,11 @@ class TriAccelLoop(Callback):
             else:
                 self.batch = BatchController(c.batch, tr.batch_size, tr.micro_batch, self.budget_bytes)
                 self.log(f"[batch] budget {self.budget_bytes / GiB:.3f} GiB ({tr.meter.source}), "
-                         f"mode {c.batch.mode}, B0 {tr.batch_size}")
+                         f"policy {c.batch.policy}, mode {c.batch.mode}, B0 {tr.batch_size}")
         self.initial_batch = tr.batch_size
+        # the batch controller's own window (time and examples since its last decision)
+        self.win_t: float | None = None
+        self.win_n, self.win_peak, self.win_excluded = 0, 0.0, 0.0
 
     def _budget(self, tr) -> float | None:
         b = self.cfg.batch
@@ -121,10 +126,33 @@ class TriAccelLoop(Callback):
 
     def on_step_end(self, tr, info):
         step = info.step
+        if self.batch is not None:
+            if self.win_t is None:  # a window starts after this step (the first step's set-up is not timed)
+                sync(tr.device)
+                self.win_t, self.win_n, self.win_excluded = time.perf_counter(), 0, 0.0
+            else:
+                self.win_n += info.n_examples
         if self.curv is not None and self.curv.due(step):
-            self._refresh_curvature(tr)
+            if self.batch is not None and self.batch.exploring:
+                sync(tr.device)
+                t0 = time.perf_counter()
+                self._refresh_curvature(tr)
+                sync(tr.device)
+                self.win_excluded += time.perf_counter() - t0
+            else:
+                self._refresh_curvature(tr)
         if step % self.cfg.control_every == 0:
             self._control_window(tr, step)
+        elif self.batch is not None and self.batch.exploring and step % self.cfg.batch.explore_steps == 0:
+            self._batch_window(tr, step)
+
+    def on_epoch_end(self, tr, metrics):
+        if self.batch is not None and self.batch.exploring:
+            # the score counts the peak of every epoch after the first: exploring ends with it
+            bd = self.batch.settle_now()
+            self._apply_batch(tr, bd)
+        metrics.update(self.summary())
+        self.win_t = None  # evaluation ran in between: the next batch window starts afresh
 
     def on_oom(self, tr, micro_batch):
         if self.batch is not None:
@@ -172,6 +200,7 @@ class TriAccelLoop(Callback):
     def _control_window(self, tr, step):
         self.window += 1
         var = self.ema.tolist()  # the one host read of the window
+        self.last_var = var[:self.L]
         overflow = (self.nonfinite > 0).tolist()
         self.nonfinite.zero_()
         row = {"window": self.window, "step": step, "epoch": tr.epoch + 1}
@@ -184,19 +213,54 @@ class TriAccelLoop(Callback):
         peak = tr.meter.window_peak_bytes()
         row["peak_mem_gib"] = peak / GiB
         if self.batch is not None:
-            pressure = False
-            if self.shared_trials > 1:
-                used = device_used_fraction(tr.device)
-                pressure = used is not None and used > self.cfg.batch.rho_high
-            bd = self.batch.update(peak, device_pressure=pressure)
-            tr.batch_size = bd.batch
-            tr.micro_batch = bd.micro_batch
-            tr.batch_lr_factor = self.batch.lr_factor(self.initial_batch)
-            row.update(batch_action=bd.action, usage_frac=bd.usage_frac)
+            if self.batch.exploring and step % self.cfg.batch.explore_steps:
+                self.win_peak = max(self.win_peak, peak)  # mid-window: the batch window decides at its own end
+            else:
+                row.update(self._batch_feedback(tr, peak))
         row.update(batch_size=tr.batch_size, micro_batch=tr.micro_batch, lr_factor=tr.batch_lr_factor,
                    levels=tr.precision.levels(), variance=var[:self.L], lam=list(self.lam),
                    lr_scale=list(tr.lr_scales[:self.L]))
         self.trajectory.append(row)
+
+    def _batch_window(self, tr, step):
+        """A short window of the batch controller alone (score policy, while it explores)."""
+        peak = tr.meter.window_peak_bytes()
+        fb = self._batch_feedback(tr, peak)
+        self.trajectory.append({"window": self.window, "step": step, "epoch": tr.epoch + 1,
+                                "peak_mem_gib": peak / GiB, **fb, "batch_size": tr.batch_size,
+                                "micro_batch": tr.micro_batch, "lr_factor": tr.batch_lr_factor,
+                                "levels": tr.precision.levels(), "variance": list(self.last_var),
+                                "lam": list(self.lam), "lr_scale": list(tr.lr_scales[:self.L])})
+
+    def _batch_feedback(self, tr, peak: float) -> dict:
+        """The window's peak and time per example -> the batch controller's decision, applied."""
+        seconds = None
+        peak, self.win_peak = max(peak, self.win_peak), 0.0
+        if self.win_t is not None and self.win_n > 0:
+            sync(tr.device)
+            # curvature refreshes are per step, not per example: not the batch size's cost
+            seconds = time.perf_counter() - self.win_t - self.win_excluded
+        pressure = False
+        if self.shared_trials > 1:
+            used = device_used_fraction(tr.device)
+            pressure = used is not None and used > self.cfg.batch.rho_high
+        bd = self.batch.update(peak, device_pressure=pressure, seconds=seconds, examples=self.win_n)
+        self._apply_batch(tr, bd)
+        self.win_t, self.win_n, self.win_excluded = time.perf_counter(), 0, 0.0
+        return {"batch_action": bd.action, "usage_frac": bd.usage_frac,
+                "window_s": seconds if seconds is not None else float("nan")}
+
+    def _apply_batch(self, tr, bd) -> None:
+        if bd.action == "settle":
+            msg = f"[batch] settled at B={bd.batch} (cost per example by size: " + ", ".join(
+                f"{k}: {v / GiB * 1e6:.3g}" for k, v in sorted(self.batch.costs.items())) + " GiB*us)"
+            if tr.device.type == "cuda" and tr.cfg.cudnn_benchmark is None:
+                torch.backends.cudnn.benchmark = True  # one size from now on: autotune it once
+                msg += "; cuDNN autotuning on"
+            self.log(msg)
+        tr.batch_size = bd.batch
+        tr.micro_batch = bd.micro_batch
+        tr.batch_lr_factor = self.batch.lr_factor(self.initial_batch)
 
     # ------------------------------------------------------------------ reporting
     def summary(self) -> dict:
@@ -208,9 +272,6 @@ class TriAccelLoop(Callback):
                 "ctrl_fp16_layers": lv.count("fp16"), "ctrl_bf16_layers": lv.count("bf16"),
                 "ctrl_fp32_layers": lv.count("fp32"),
                 "ctrl_lr_scale_min": min(last["lr_scale"]) if last["lr_scale"] else 1.0}
-
-    def on_epoch_end(self, tr, metrics):
-        metrics.update(self.summary())
 
     def write_artifacts(self, folder: Path) -> list[Path]:
         from triaccel.report import write_trajectory

@@ -10,13 +10,16 @@ Sources:
   scikit-learn wheel): the offline default for CPU runs and tests.
 - ``cifar10`` / ``cifar100``: torchvision's on-disk format under ``data_dir``; downloaded by
   torchvision only when ``download: true``.
-- ``imagefolder``: ``data_dir/train/<class>/*`` and ``data_dir/test/<class>/*``, any image size,
-  decoded once, resized, and cached on disk.
+- ``imagefolder``: ``data_dir/train/<class>/**`` and ``data_dir/test/<class>/**`` (sub-folders of a
+  class folder included), any image size, decoded once, resized, and cached on disk. train/ defines the
+  classes (at least 2); a test/ class folder that train/ lacks is an error, not silently dropped.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,25 +122,65 @@ def _cifar(cfg: DataConfig, hundred: bool) -> tuple[ImageSet, ImageSet, list]:
     return out[0], out[1], classes
 
 
-def _list_images(split_dir: Path, classes: list | None) -> tuple[list[Path], list[int], list]:
+def _class_dirs(split_dir: Path) -> list[str]:
     if not split_dir.is_dir():
         raise DataError(f"{split_dir}: missing (an ImageFolder root needs train/ and test/)")
-    found = sorted(p.name for p in split_dir.iterdir() if p.is_dir())
-    if classes is None:
-        classes = found
-    if not classes:
-        raise DataError(f"{split_dir}: no class folders")
-    files, labels = [], []
-    for ci, c in enumerate(classes):
-        d = split_dir / c
-        if not d.is_dir():
+    return sorted(p.name for p in split_dir.iterdir() if p.is_dir())
+
+
+def _is_image(name: str) -> bool:
+    return Path(name).suffix.lower() in IMG_EXTENSIONS
+
+
+def _walk_images(class_dir: Path) -> list[Path]:
+    """Image files of a class folder, its sub-folders included (as torchvision's ImageFolder), in a fixed order."""
+    def fail(e: OSError):
+        raise DataError(f"{e.filename}: cannot list folder ({e.strerror})")
+
+    out, seen = [], set()
+    for dirpath, dirnames, filenames in os.walk(class_dir, onerror=fail, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:  # a symlink loop, or a folder linked twice: walk it once
+            dirnames[:] = []
             continue
-        for p in sorted(d.iterdir()):
-            if p.suffix.lower() in IMG_EXTENSIONS:
-                files.append(p)
-                labels.append(ci)
+        seen.add(real)
+        dirnames.sort()
+        out.extend(Path(dirpath) / f for f in sorted(filenames) if _is_image(f))
+    return out
+
+
+def _list_images(split_dir: Path, classes: list | None) -> tuple[list[Path], list[int], list]:
+    """Files and labels of one split. ``classes`` None: the training split, whose folders define the classes;
+    otherwise the test split, labelled by the training split's class list."""
+    found = _class_dirs(split_dir)
+    if not found:
+        loose = sum(1 for p in split_dir.iterdir() if p.is_file() and _is_image(p.name))
+        hint = f"; its {loose} image files must sit in {split_dir}/<class>/" if loose else ""
+        raise DataError(f"{split_dir}: no class folders (an ImageFolder split holds one folder per class{hint})")
+    if classes is None:
+        if len(found) < 2:
+            raise DataError(f"{split_dir}: only one class folder ({found[0]}); a classifier needs at least 2 classes")
+        classes = found
+    else:
+        extra = [c for c in found if c not in classes]
+        if extra:
+            them = "them" if len(extra) > 1 else "it"
+            raise DataError(f"{split_dir}: class folder{'s' if len(extra) > 1 else ''} {', '.join(extra)} not in "
+                            f"{split_dir.parent / 'train'} (the model has no output for {them}: add {them} to "
+                            f"train/ or remove {them} from test/)")
+    index = {c: i for i, c in enumerate(classes)}
+    files, labels, empty = [], [], []
+    for c in found:
+        got = _walk_images(split_dir / c)
+        if not got:
+            empty.append(c)
+        files.extend(got)
+        labels.extend([index[c]] * len(got))
     if not files:
-        raise DataError(f"{split_dir}: no image files")
+        raise DataError(f"{split_dir}: no image files in its class folders ({', '.join(IMG_EXTENSIONS)})")
+    if empty:
+        more = f" (as are {', '.join(empty[1:])})" if len(empty) > 1 else ""
+        raise DataError(f"{split_dir / empty[0]}: class folder without image files{more}")
     return files, labels, classes
 
 
@@ -154,29 +197,55 @@ def _decode(path: Path, size: int) -> np.ndarray:
         raise DataError(f"{path}: cannot read image ({type(e).__name__}: {e})") from None
 
 
-def _cache_key(files: list[Path], size: int) -> str:
-    h = hashlib.sha1(f"v1|{size}|{len(files)}".encode())
-    for p in files:
-        st = p.stat()
-        h.update(f"{p}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+def _cache_key(files: list[Path], labels: list[int], classes: list, size: int) -> str:
+    """Everything a cached split depends on: the image side, the class list, and each file's path, label and
+    identity on disk (size, mtime, inode), so that a new class, a re-labelled or an edited image is decoded anew."""
+    h = hashlib.sha1(f"v2|{size}|{len(files)}|{len(classes)}\n".encode())
+    for c in classes:
+        h.update(f"class|{c}\n".encode())
+    for p, y in zip(files, labels):
+        try:
+            st = p.stat()
+        except OSError as e:  # a dangling symlink, or a file removed while listing
+            raise DataError(f"{p}: cannot read image ({e.strerror})") from None
+        h.update(f"{os.path.abspath(p)}|{y}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}\n".encode())
     return h.hexdigest()[:16]
 
 
-def _decode_folder(split_dir: Path, size: int, classes: list | None, cache_dir: Path) -> tuple[ImageSet, list]:
-    files, labels, classes = _list_images(split_dir, classes)
-    cache = cache_dir / f"imagefolder-{_cache_key(files, size)}.pt"
-    if cache.is_file():
+def _load_cache(cache: Path, n: int, size: int, labels: torch.Tensor) -> ImageSet | None:
+    """The cached split, or None when it is missing, unreadable or does not match the listing."""
+    if not cache.is_file():
+        return None
+    try:
         blob = torch.load(cache, weights_only=True)
-        return ImageSet(blob["images"], blob["labels"]), classes
+        x, y = blob["images"], blob["labels"]
+        ok = (x.dtype == torch.uint8 and x.dim() == 4 and tuple(x.shape[:1]) + tuple(x.shape[2:]) == (n, size, size)
+              and torch.equal(y, labels))
+    except Exception:  # a truncated or foreign file: decode again and overwrite it
+        return None
+    return ImageSet(x, y) if ok else None
+
+
+def _decode_folder(files: list[Path], labels: list[int], classes: list, size: int, cache_dir: Path) -> ImageSet:
+    y = torch.tensor(labels, dtype=torch.int64)
+    cache = cache_dir / f"imagefolder-{_cache_key(files, labels, classes, size)}.pt"
+    cached = _load_cache(cache, len(files), size, y)
+    if cached is not None:
+        return cached
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as ex:
         arrays = list(ex.map(lambda p: _decode(p, size), files))
     x = torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
-    y = torch.tensor(labels, dtype=torch.int64)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp")
-    torch.save({"images": x, "labels": y}, tmp)
-    os.replace(tmp, cache)  # atomic: a crash mid-write never leaves a half cache
-    return ImageSet(x, y), classes
+    # a private temporary name (concurrent trials may decode the same split), then an atomic rename: a crash
+    # mid-write never leaves a half cache. The cache only saves time: failing to write it is not an error.
+    tmp = cache.with_name(f"{cache.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        torch.save({"images": x, "labels": y}, tmp)
+        os.replace(tmp, cache)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        warnings.warn(f"{cache_dir}: cannot write the decoded-image cache ({e.strerror or e})", stacklevel=2)
+    return ImageSet(x, y)
 
 
 def _imagefolder(cfg: DataConfig) -> tuple[ImageSet, ImageSet, list]:
@@ -187,8 +256,11 @@ def _imagefolder(cfg: DataConfig) -> tuple[ImageSet, ImageSet, list]:
         raise DataError(f"{root}: data_dir does not exist")
     size = cfg.image_size or 32
     cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else Path.home() / ".cache" / "triaccel"
-    train, classes = _decode_folder(root / "train", size, None, cache_dir)
-    test, _ = _decode_folder(root / "test", size, classes, cache_dir)
+    # both splits are listed and checked before anything is decoded: bad data fails in seconds, not after a decode
+    train_files, train_labels, classes = _list_images(root / "train", None)
+    test_files, test_labels, _ = _list_images(root / "test", classes)
+    train = _decode_folder(train_files, train_labels, classes, size, cache_dir)
+    test = _decode_folder(test_files, test_labels, classes, size, cache_dir)
     return train, test, classes
 
 

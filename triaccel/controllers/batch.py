@@ -15,6 +15,17 @@ keep it from oscillating or running into the wall:
 - ``device_pressure`` (the whole device nearly full, from NVML, when trials share a GPU)
   blocks growth.
 
+Policies: ``paper`` is the rule above (the budget is the target). ``score`` targets the
+efficiency score's denominator instead: the cost of an example, c(B) = (seconds / example)
+x peak memory, measured in short windows early in the run. From B0 it grows by
+``grow_factor`` while c falls by more than ``explore_tol``; if the first growth costs more it
+tries smaller sizes instead; then it settles on the cheapest size measured and holds it for
+the rest of the run. Exploring early matters: the score takes the run's peak memory over
+every epoch after the first, so a size tried late would cost for the whole run. The budget
+stays a cap (rho_high of it, with the same fit and OOM ceiling); delta_down is the step
+under it. On the H200, ResNet-18's step time is flat up to B~512 (the host issues the work)
+and then grows with B, so c(B) falls until about there and rises after it.
+
 Modes: ``paper``: the batch per update B changes (the trainer rescales the lr by ``lr_rule``);
 ``constant``: B stays, only the micro-batch (the memory-relevant size) is elastic, and exact
 accumulation keeps the optimisation unchanged.
@@ -45,6 +56,12 @@ class BatchController:
         self.ceiling: int | None = None  # smallest micro-batch that ran out of memory
         self.cool = 0
         self.obs: list[tuple[int, float]] = []  # (micro_batch, peak bytes)
+        # score policy: exploring until it settles; the cost measured at each size
+        self.exploring = cfg.policy == "score"
+        self.costs: dict[int, float] = {}
+        self.direction = 1
+        if self.exploring:
+            self.cool = cfg.cooldown  # the first window holds the run's start-up (allocator, kernels)
 
     @property
     def elastic(self) -> int:
@@ -75,7 +92,12 @@ class BatchController:
             return None
         return int((limit - fit[0]) // fit[1])
 
-    def update(self, peak_bytes: float, device_pressure: bool = False) -> BatchDecision:
+    def update(self, peak_bytes: float, device_pressure: bool = False, seconds: float | None = None,
+               examples: int | None = None) -> BatchDecision:
+        """One window's feedback: its allocator peak (and, for the score policy, how long its
+        ``examples`` took)."""
+        if self.cfg.policy == "score":
+            return self._update_score(peak_bytes, seconds, examples)
         c = self.cfg
         frac = peak_bytes / self.budget
         self.obs.append((self.micro, float(peak_bytes)))
@@ -106,6 +128,62 @@ class BatchController:
                 return self._decide(size, "predicted", frac)
             return self._decide(grown, "grow" if grown != size else "hold", frac)
         return self._decide(size, "hold", frac)
+
+    # ------------------------------------------------------------------ score policy
+    def _ladder(self, size: int, direction: int) -> int:
+        g = self.cfg.grow_factor if direction > 0 else 1.0 / self.cfg.grow_factor
+        nxt = max(8, int(round(size * g / 8.0)) * 8) if size * g >= 8 else max(1, int(size * g))
+        return nxt if nxt != size else size + direction
+
+    def _update_score(self, peak_bytes: float, seconds: float | None, examples: int | None) -> BatchDecision:
+        c = self.cfg
+        frac = peak_bytes / self.budget
+        self.obs.append((self.micro, float(peak_bytes)))
+        size = self.elastic
+        if frac > c.rho_high:  # the budget is a cap in every phase
+            target = size - c.delta_down
+            fits = self._largest_fitting(c.rho_high * self.budget)
+            if fits is not None:
+                target = max(target, min(size - 1, fits))
+            self.costs = {k: v for k, v in self.costs.items() if k < size}
+            return self._decide(max(c.min_batch, target), "shrink", frac)
+        if not self.exploring:
+            return self._decide(size, "hold", frac)
+        if self.cool > 0:  # the first window at a new size warms it up (allocator, kernels)
+            self.cool -= 1
+            return self._decide(size, "cooldown", frac)
+        if not seconds or not examples:
+            return self._decide(size, "hold", frac)
+        self.costs[size] = seconds / examples * peak_bytes
+        best = min(self.costs, key=self.costs.get)
+        improved = best == size and (len(self.costs) == 1 or self.costs[size] <
+                                     (1 - c.explore_tol) * min(v for k, v in self.costs.items() if k != size))
+        if len(self.costs) > 1 and not improved:
+            if self.direction > 0 and len(self.costs) == 2 and best != size and max(self.costs) == size:
+                self.direction = -1  # the first growth cost more: try smaller sizes
+                return self._step(min(self.costs), frac)
+            return self._settle(best, frac)
+        return self._step(size, frac)
+
+    def _step(self, size: int, frac: float) -> BatchDecision:
+        c = self.cfg
+        nxt = self._ladder(size, self.direction)
+        lo, hi = c.min_batch, c.max_batch if self.ceiling is None else min(c.max_batch, self.ceiling - 1)
+        if c.mode == "constant":
+            hi = min(hi, self.batch)
+        pred = self._predict(nxt)
+        if nxt > hi or nxt < lo or nxt in self.costs or (pred is not None and pred > c.rho_high * self.budget):
+            return self._settle(min(self.costs, key=self.costs.get), frac)
+        return self._decide(nxt, "explore", frac)
+
+    def settle_now(self) -> BatchDecision:
+        """End exploring now, at the cheapest size measured (the current one if none was)."""
+        best = min(self.costs, key=self.costs.get) if self.costs else self.elastic
+        return self._settle(best, self.obs[-1][1] / self.budget if self.obs else 0.0)
+
+    def _settle(self, size: int, frac: float) -> BatchDecision:
+        self.exploring = False
+        return self._decide(size, "settle", frac)
 
     def micro_cap(self, batch: int) -> int:
         return batch if self.ceiling is None else min(batch, self.ceiling - 1)
@@ -139,8 +217,12 @@ class BatchController:
 
     def state_dict(self) -> dict:
         return {"batch": self.batch, "micro": self.micro, "ceiling": self.ceiling, "cool": self.cool,
-                "obs": list(self.obs[-20:])}
+                "obs": list(self.obs[-20:]), "exploring": self.exploring, "costs": dict(self.costs),
+                "direction": self.direction}
 
     def load_state_dict(self, s: dict) -> None:
         self.batch, self.micro, self.ceiling, self.cool = s["batch"], s["micro"], s["ceiling"], s["cool"]
         self.obs = [tuple(o) for o in s["obs"]]
+        self.exploring = s.get("exploring", self.exploring)
+        self.costs = {int(k): v for k, v in s.get("costs", {}).items()}
+        self.direction = s.get("direction", 1)

@@ -2,6 +2,12 @@
 
     eta_l = eta_0 / (1 + alpha * lambda_l),   lambda_l = EMA over refreshes of max(0, max_i lambda_i(H_l))
 
+``lr_rule: normalized`` makes alpha and tau_curv scale-free: with r_l = lambda_l / median_l
+lambda_l, eta_l = eta_0 / (1 + alpha * max(0, r_l - 1)), floored at ``min_lr_scale``: a layer
+at or below the median curvature keeps eta_0, the sharpest are damped, none starves. The same
+alpha then means the same for the Hessian probe and the Fisher proxy (whose values differ by
+orders of magnitude) and across models, and the promotion compares r_l with tau_curv.
+
 Negative curvature is clipped at 0 (eta/(1+alpha*lambda) would exceed eta_0 and can blow up
 for lambda -> -1/alpha); the EMA damps the noise of a few-iteration estimate. The estimates
 come from ``triaccel.curvature`` (Hessian power iteration, or the Fisher proxy) every
@@ -9,6 +15,7 @@ come from ``triaccel.curvature`` (Hessian power iteration, or the Fisher proxy) 
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -43,9 +50,16 @@ class CurvatureController:
         return self.decision()
 
     def decision(self) -> CurvatureDecision:
+        c = self.cfg
         lam = tuple(0.0 if x is None else x for x in self.lam)
-        return CurvatureDecision(lam, tuple(1.0 / (1.0 + self.cfg.alpha * x) for x in lam),
-                                 tuple(x > self.cfg.tau_curv for x in lam))
+        if c.lr_rule == "paper":
+            return CurvatureDecision(lam, tuple(1.0 / (1.0 + c.alpha * x) for x in lam),
+                                     tuple(x > c.tau_curv for x in lam))
+        pos = sorted(x for x in lam if x > 0)
+        med = statistics.median(pos) if pos else 0.0
+        r = tuple(x / med if med > 0 else 0.0 for x in lam)
+        scale = tuple(max(c.min_lr_scale, 1.0 / (1.0 + c.alpha * max(0.0, x - 1.0))) for x in r)
+        return CurvatureDecision(lam, scale, tuple(x > c.tau_curv for x in r))
 
     def state_dict(self) -> dict:
         return {"lam": list(self.lam), "refreshes": self.refreshes}

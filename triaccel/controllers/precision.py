@@ -10,11 +10,16 @@ with three additions that keep it stable and safe:
   that window (§3.2); a layer whose fp16 gradients overflowed (GradScaler) is moved to BF16 at
   once, dwell or not (safety beats stability).
 
+``scale: relative`` divides each variance by this window's median over layers before the
+thresholds apply, so a tau range means the same for every model (the paper's absolute tau
+depends on the model, the loss scale and the stage of training).
+
 The EMA itself (v <- beta v + (1-beta) Var[grad]) is updated on the device every step by the
 gradient-statistics kernel; this class receives v once per window.
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -51,9 +56,13 @@ class PrecisionController:
             raise ValueError(f"expected {n} variances, got {len(variance)}")
         reasons = [""] * n
         new_eff = []
+        if c.scale == "relative":
+            pos = sorted(v for v in variance if v > 0)
+            med = statistics.median(pos) if pos else 0.0
+            variance = [v / med if med > 0 else 0.0 for v in variance]
         for i, v in enumerate(variance):
             cur = self.base[i]
-            if overflow is not None and overflow[i] and cur == 0:
+            if c.overflow_promote and overflow is not None and overflow[i] and cur == 0:
                 self.base[i], self.last_change[i] = 1, window
                 reasons[i] = "overflow"
             elif window - self.last_change[i] >= c.min_dwell:

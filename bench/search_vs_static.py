@@ -1,0 +1,141 @@
+"""The question the service exists to answer: does the exported config beat what the user
+would have run anyway? (issue 12)
+
+    python3 bench/search_vs_static.py --data-dir /tmp/cifar --out bench/results/h200_search_vs_static.json
+
+1. The default search of ``spaces/cifar10_jpeg_resnet18.yaml`` as shipped (16 trials, four
+   sharing the GPU, its own static baselines, the top 3 confirmed alone) -> ``triaccel export``.
+2. The exported config trained alone for ``--epochs`` epochs, and static AMP (the shipped
+   ``configs/cifar10_jpeg_resnet18.yaml``, warm-up 2 epochs) at each ``--static`` dtype:batch,
+   alone, same epochs, over ``--seeds`` (``--static-once`` runs take the first seed only).
+   Runs are interleaved seed by seed in one process; the JSON is rewritten after each run.
+Reported: per run and seed val acc, epoch time (mean of the last 5), peak memory, efficiency;
+mean +- std over seeds; the ratio exported / best static (by mean efficiency) and the
+accuracy difference. ``--tuned FILE`` skips the search and trains FILE.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import write  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def train(d: dict, seed: int) -> dict:
+    from triaccel.config import TrainConfig, from_dict
+    from triaccel.control import TriAccelLoop
+    from triaccel.trainer import Trainer
+
+    d = copy.deepcopy(d)
+    d.update(seed=seed, evaluate_test=False)
+    d["tracking"] = {"enabled": False}
+    d.pop("provenance", None)
+    cfg = from_dict(TrainConfig, d)
+    cbs = [TriAccelLoop(cfg.triaccel, log=print)] if cfg.mode == "triaccel" else []
+    t0 = time.perf_counter()
+    t = Trainer(cfg, callbacks=cbs, log=lambda *a: None).setup()
+    s = t.fit()
+    out = {k: s[k] for k in ("val_acc", "epoch_time_last5_s", "peak_mem_gib", "efficiency", "peak_mem_first_epoch_gib")}
+    out.update(wall_s=time.perf_counter() - t0, final_batch=t.batch_size,
+               epoch_times=[e["epoch_time_s"] for e in t.history.epochs],
+               batch_per_epoch=[e["batch_size"] for e in t.history.epochs])
+    if cbs and cbs[0].trajectory:
+        lv = cbs[0].trajectory[-1]["levels"]
+        out["levels"] = {x: lv.count(x) for x in ("fp16", "bf16", "fp32")}
+    return out
+
+
+def stats(xs):
+    return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data-dir", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--static", default="bf16:512,fp16:512,bf16:256,bf16:768")
+    ap.add_argument("--static-once", default="bf16:96,bf16:1024,fp16:256,fp16:768")
+    ap.add_argument("--space", default=str(ROOT / "spaces" / "cifar10_jpeg_resnet18.yaml"))
+    ap.add_argument("--tuned", help="an exported config: skip the search")
+    ap.add_argument("--work", default="/tmp/svs")
+    args = ap.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    res = {"what": __doc__.split("\n\n")[0], "epochs": args.epochs, "runs": {}}
+    if args.tuned is None:
+        space = yaml.safe_load(Path(args.space).read_text())
+        space["train"]["data"]["data_dir"] = args.data_dir
+        (work / "space.yaml").write_text(yaml.safe_dump(space, sort_keys=False))
+        env = dict(os.environ, TRIACCEL_TUNE_DIR=str(work / "mlruns" / "tune"),
+                   MLFLOW_TRACKING_URI=f"sqlite:///{work}/mlruns/mlflow.db")
+        t0 = time.perf_counter()
+        r = subprocess.run([sys.executable, "-m", "triaccel.cli", "search", "--space", str(work / "space.yaml"),
+                            "--name", "bench"], cwd=work, env=env, capture_output=True, text=True)
+        res["search"] = {"wall_s": time.perf_counter() - t0, "rc": r.returncode,
+                         "stdout_tail": r.stdout[-6000:], "stderr_tail": r.stderr[-3000:]}
+        print(r.stdout[-6000:], r.stderr[-2000:], flush=True)
+        r = subprocess.run([sys.executable, "-m", "triaccel.cli", "export", "bench", "--out", str(work / "tuned.yaml"),
+                            "--force"], cwd=work, env=env, capture_output=True, text=True)
+        res["export"] = {"rc": r.returncode, "stdout": r.stdout[-3000:], "stderr": r.stderr[-2000:]}
+        print(r.stdout, r.stderr, flush=True)
+        write(args.out, res)
+        args.tuned = str(work / "tuned.yaml")
+    tuned = yaml.safe_load(Path(args.tuned).read_text())
+    res["provenance"] = tuned.get("provenance")
+    tuned["epochs"] = args.epochs
+    static = yaml.safe_load((ROOT / "configs" / "cifar10_jpeg_resnet18.yaml").read_text())
+    static["data"]["data_dir"] = args.data_dir
+    static.update(epochs=args.epochs)
+    static["optim"]["warmup_epochs"] = 2
+
+    def static_cfg(spec):
+        dt, b = spec.split(":")
+        d = copy.deepcopy(static)
+        d.update(mode="amp", amp_dtype=dt, batch_size=int(b))
+        return f"static amp {dt} B={b}", d
+
+    seeds = [int(s) for s in args.seeds.split(",")]
+    plan = []
+    for i, seed in enumerate(seeds):
+        plan.append(("exported", tuned, seed))
+        for spec in [s for s in args.static.split(",") if s]:
+            plan.append((*static_cfg(spec), seed))
+        if i == 0:
+            for spec in [s for s in args.static_once.split(",") if s]:
+                plan.append((*static_cfg(spec), seed))
+    for label, d, seed in plan:
+        print(f"--- {label} seed {seed}", flush=True)
+        r = train(d, seed)
+        print(label, seed, {k: r[k] for k in ("val_acc", "epoch_time_last5_s", "peak_mem_gib", "efficiency")},
+              flush=True)
+        res["runs"].setdefault(label, []).append({"seed": seed, **r})
+        summary = {}
+        for lab, rs in res["runs"].items():
+            summary[lab] = {k: stats([x[k] for x in rs]) for k in ("efficiency", "val_acc", "epoch_time_last5_s",
+                                                                    "peak_mem_gib")}
+        statics = {k: v for k, v in summary.items() if k.startswith("static")}
+        if "exported" in summary and statics:
+            best = max(statics, key=lambda k: statics[k]["efficiency"]["mean"])
+            res["best_static"] = best
+            res["ratio_exported_to_best_static"] = (summary["exported"]["efficiency"]["mean"]
+                                                    / statics[best]["efficiency"]["mean"])
+            res["val_acc_diff_pp"] = summary["exported"]["val_acc"]["mean"] - statics[best]["val_acc"]["mean"]
+        res["summary"] = summary
+        write(args.out, res)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""The search's result rules (triaccel.search.results) on fabricated MLflow rows: fast, no Ray."""
+import pytest
+
+from triaccel.errors import ConfigError
+from triaccel.search import results as R
+
+
+def run(rid, eff, acc, epoch=4, status="FINISHED", role="trial", t=1.0, mem=1.0, curve=None, **tags):
+    m = {"efficiency": eff, "val_acc": acc, "epoch": epoch, "epoch_time_last5_s": t, "peak_mem_gib": mem,
+         "wall_s": 10.0, "gpu_share": 0.25 if role == "trial" else 1.0}
+    return {"run_id": rid, "status": status, "metrics": m, "values": {"x": eff}, "trial_id": rid,
+            "tags": {"triaccel.baseline": rid, **tags}, "confirms": tags.get("confirms"), "role": role,
+            "curve": curve}
+
+
+BASE = [run("b256", 50.0, 84.0, role="baseline", curve=[60.0, 70.0, 80.0, 84.0]),
+        run("b512", 70.0, 83.0, role="baseline", curve=[50.0, 65.0, 78.0, 83.0]),
+        run("b768", 60.0, 82.0, role="baseline", curve=[45.0, 60.0, 75.0, 82.0]),
+        run("b-dead", 999.0, 99.0, role="baseline", status="FAILED")]
+
+
+def test_reference_is_the_best_complete_baseline_and_gaps_are_at_the_same_epoch():
+    ref = R.reference(BASE, epochs=4)
+    assert ref["run_id"] == "b512"  # best efficiency; a failed run never counts
+    assert R.acc_gap({"val_acc": 80.0, "epoch": 3}, ref) == pytest.approx(2.0)  # vs 78 at epoch 3
+    assert R.acc_gap({"val_acc": 80.0, "epoch": 4}, ref) == pytest.approx(-3.0)
+    assert R.feasible({"val_acc": 82.5, "epoch": 4}, ref, margin=0.5)
+    assert not R.feasible({"val_acc": 82.4, "epoch": 4}, ref, margin=0.5)
+    assert R.feasible({"val_acc": 10.0, "epoch": 4}, None)  # no baseline: no constraint
+
+
+def test_infeasible_and_stopped_trials_are_never_best():
+    rows = [run("fast-but-worse", 200.0, 77.0), run("ok", 80.0, 83.2), run("slow", 40.0, 85.0),
+            run("asha-stopped", 500.0, 83.0, epoch=2), run("failed", 0.0, 0.0, status="FAILED")]
+    o = R.outcome(rows, [], BASE, epochs=4)
+    assert [x.row["run_id"] for x in o.ranked] == ["fast-but-worse", "ok", "slow"]
+    assert [x.feasible for x in o.ranked] == [False, True, True]
+    assert [r["run_id"] for r in o.stopped] == ["asha-stopped"] and len(o.failed) == 1
+    assert o.best.row["run_id"] == "ok" and o.best.ratio == pytest.approx(80 / 70)
+    p = R.pick(o, "efficiency", "best")
+    assert p.kind == "trial" and p.row["run_id"] == "ok"
+
+
+def test_confirmed_figures_decide_and_can_make_a_trial_infeasible():
+    rows = [run("a", 90.0, 83.5), run("b", 85.0, 83.5), run("c", 75.0, 83.5)]
+    confirms = [run("ca", 72.0, 82.0, role="confirm", confirms="a"),  # alone: below the margin
+                run("cb", 80.0, 83.4, role="confirm", confirms="b")]
+    for c in confirms:
+        c["confirms"] = c["tags"]["confirms"]
+    o = R.outcome(rows, confirms, BASE, epochs=4)
+    assert o.best.row["run_id"] == "b" and o.best.confirmed and o.best.measured["efficiency"] == 80.0
+    assert not next(x for x in o.ranked if x.row["run_id"] == "a").feasible
+
+
+def test_nothing_feasible_beats_the_baseline_exports_the_baseline():
+    o = R.outcome([run("worse", 60.0, 83.5), run("inacc", 300.0, 70.0)], [], BASE, epochs=4)
+    p = R.pick(o, "efficiency", "best")
+    assert p.kind == "baseline" and p.row["run_id"] == "b512" and "beat the baseline" in p.reason
+    o = R.outcome([], [], BASE, epochs=4)
+    assert R.pick(o, "efficiency", "best").kind == "baseline"
+    with pytest.raises(ConfigError, match="no finished trial"):
+        R.pick(R.outcome([], [], [], epochs=4), "efficiency", "best")
+
+
+def test_pareto_picks_only_feasible_members():
+    rows = [run("acc", 50.0, 86.0, t=2.0), run("fast", 90.0, 83.0, t=0.5), run("inacc", 300.0, 60.0, t=0.1)]
+    o = R.outcome(rows, [], BASE, epochs=4)
+    assert R.pick(o, "pareto", "pareto-0").row["run_id"] == "acc"
+    assert R.pick(o, "pareto", "pareto-1").row["run_id"] == "fast"
+    with pytest.raises(ConfigError, match="2 feasible trials"):
+        R.pick(o, "pareto", "pareto-2")
+
+
+def test_search_cost_and_payback():
+    rows = [run("t1", 1, 1), run("t2", 1, 1)] + BASE[:1]
+    assert R.gpu_seconds(rows) == pytest.approx(10 * 0.25 * 2 + 10 * 1.0)
+    p = R.payback(100.0, ref_epoch_s=1.0, tuned_epoch_s=0.8)
+    assert p["payback_epochs"] == pytest.approx(500.0)
+    assert R.payback(100.0, 1.0, 1.2)["payback_epochs"] is None  # slower per epoch: never repaid
+
+
+def test_trainable_reports_the_same_rule_to_asha_and_optuna():
+    from triaccel.search.trainable import accuracy_terms
+
+    curve = [50.0, 65.0, 78.0, 83.0]
+    ok = accuracy_terms({"efficiency": 40.0, "val_acc": 77.6, "epoch": 3}, curve, 0.5)
+    bad = accuracy_terms({"efficiency": 400.0, "val_acc": 70.0, "epoch": 3}, curve, 0.5)
+    assert ok["feasible"] == 1.0 and ok["acc_constraint"] <= 0 and ok["search_score"] == 40.0
+    assert bad["feasible"] == 0.0 and bad["acc_constraint"] == pytest.approx(7.5)
+    assert bad["search_score"] < 0 < ok["search_score"]  # infeasible ranks under every feasible trial
+    assert R.feasible({"val_acc": 77.6, "epoch": 3}, {"curve": curve, "metrics": {}}) is True
+    assert accuracy_terms({"efficiency": 5.0, "val_acc": 1.0, "epoch": 1}, None, 0.5)["search_score"] == 5.0
