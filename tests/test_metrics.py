@@ -35,3 +35,11 @@ def test_score_is_monotone_and_rejects_nonpositive():
 def test_last5_mean():
     assert last5_mean([100, 1, 2, 3, 4, 5]) == 3
     assert last5_mean([2, 4]) == 3
+
+
+def test_steady_epoch_time_leaves_out_the_first_epoch_only_when_there_are_others():
+    from triaccel.metrics import steady_epoch_time
+
+    assert steady_epoch_time([9.0, 1.0, 2.0, 3.0]) == 2.0  # a 4-epoch search: the autotuning epoch is out
+    assert steady_epoch_time([9.0, 1, 1, 1, 1, 1, 1, 6]) == 2.0  # 8 epochs: the paper's last five
+    assert steady_epoch_time([5.0]) == 5.0

@@ -42,7 +42,7 @@ from triaccel.config import TrainConfig
 from triaccel.data import ElasticSampler, ResidentData, load_splits
 from triaccel.errors import TriAccelError
 from triaccel.measure import GiB, MemoryMeter, sync
-from triaccel.metrics import efficiency_score, last5_mean
+from triaccel.metrics import efficiency_score, steady_epoch_time
 from triaccel.models import build_model, enable_checkpointing
 from triaccel.precision import DTYPES, PrecisionRuntime, layer_modules
 from triaccel.schedule import WarmupCosine
@@ -293,7 +293,7 @@ class Trainer:
         m.update(mem)
         times = [e["epoch_time_s"] for e in self.history.epochs] + [epoch_time]
         peak = run_peak([e["peak_mem_gib"] for e in self.history.epochs] + [m["peak_mem_gib"]])
-        m["epoch_time_last5_s"] = last5_mean(times)
+        m["epoch_time_last5_s"] = steady_epoch_time(times)
         m["efficiency"] = efficiency_score(val_acc, m["epoch_time_last5_s"], max(peak, 1e-6))
         self.log(f"epoch {m['epoch']:>3}/{self.cfg.epochs}  loss {train_loss:.4f}  val {val_acc:6.2f}%  "
                  f"{m['images_per_s']:8.0f} img/s  {epoch_time:6.2f}s  mem {m['peak_mem_gib']:.3f} GiB  "
@@ -402,7 +402,7 @@ class Trainer:
             return {}
         last = eps[-1]
         peak = run_peak([e["peak_mem_gib"] for e in eps])
-        t5 = last5_mean([e["epoch_time_s"] for e in eps])
+        t5 = steady_epoch_time([e["epoch_time_s"] for e in eps])
         return {"val_acc": last["val_acc"], "epoch_time_last5_s": t5, "peak_mem_gib": peak,
                 "efficiency": efficiency_score(last["val_acc"], t5, max(peak, 1e-6)),
                 "peak_mem_first_epoch_gib": eps[0]["peak_mem_gib"],

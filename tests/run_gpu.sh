@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The whole test suite, natively on the GPU machine (CI has no GPU, so the CUDA-only tests run
+# only here). Prints one summary line; the full log and JUnit XML go to ${OUT:-/tmp}.
+#   bash tests/run_gpu.sh            # from the repo root on the GPU machine (see ../shared/device)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp}
+if [ -f .device/site.tar.xz ] && ! python3 -c "import ray, optuna, mlflow" 2>/dev/null; then
+  mkdir -p /tmp/site && tar xJf .device/site.tar.xz -C /tmp/site && export PYTHONPATH=/tmp/site
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "GPU suite: install failed"; exit 2; }
+gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')")
+start=$(date +%s)
+python3 -m pytest -q -p no:cacheprovider --junitxml="$out/gpu_tests.xml" ${PYTEST_ARGS:-} > "$out/gpu_tests.log" 2>&1
+rc=$?
+line=$(grep -E "^(=+ )?[0-9]+ (passed|failed)" "$out/gpu_tests.log" | tail -1 | sed 's/=//g;s/^ *//;s/ *$//')
+echo "GPU suite on $gpu: ${line:-no summary (see $out/gpu_tests.log)} ($(( $(date +%s) - start )) s, exit $rc)"
+grep -E "^(FAILED|ERROR)" "$out/gpu_tests.log" | head -20
+exit $rc
