@@ -350,6 +350,11 @@ def run_baselines(name: str, space: SearchSpace, uri: str) -> list | None:
     return ref["curve"]
 
 
+def _cell(v) -> str:
+    """A searched value in the summary table: numbers to 3 digits, categorical choices as they are."""
+    return f"{v:.3g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+
+
 def finish(name: str, space: SearchSpace, uri: str, confirm: int) -> dict:
     from triaccel.search.results import fmt, pick
 
@@ -370,7 +375,7 @@ def finish(name: str, space: SearchSpace, uri: str, confirm: int) -> dict:
               f"{m['val_acc']:6.2f} {'':>6} {m['epoch_time_last5_s']:6.2f} {m['peak_mem_gib']:6.3f}")
     for i, x in enumerate(o.ranked[:8]):
         m = x.measured
-        vals = "  ".join(f"{x.row['values'].get(k, float('nan')):.3g}".rjust(len(k.split('.')[-1][:10])) for k in keys)
+        vals = "  ".join(_cell(x.row["values"].get(k)).rjust(len(k.split(".")[-1][:10])) for k in keys)
         rank = f"{i + 1}{'' if x.feasible else '!'}{'*' if x.confirmed else ''}"
         print(f"{rank:>5} {x.row['trial_id']:>16} {m['efficiency']:8.2f} {fmt(x.ratio):>6} {m.get('val_acc', 0):6.2f} "
               f"{fmt(x.gap, '+.2f'):>6} {m.get('epoch_time_last5_s', 0):6.2f} {m.get('peak_mem_gib', 0):6.3f}  {vals}")

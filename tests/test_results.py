@@ -90,3 +90,9 @@ def test_trainable_reports_the_same_rule_to_asha_and_optuna():
     assert bad["search_score"] < 0 < ok["search_score"]  # infeasible ranks under every feasible trial
     assert R.feasible({"val_acc": 77.6, "epoch": 3}, {"curve": curve, "metrics": {}}) is True
     assert accuracy_terms({"efficiency": 5.0, "val_acc": 1.0, "epoch": 1}, None, 0.5)["search_score"] == 5.0
+
+
+def test_summary_cells_show_categorical_choices_as_they_are():
+    from triaccel.search.runner import _cell
+
+    assert _cell(0.123456) == "0.123" and _cell("none") == "none" and _cell(96) == "96" and _cell(None) == "None"
