@@ -21,9 +21,13 @@ def test_the_four_required_spaces_ship():
 @pytest.mark.parametrize("path", SPACES, ids=lambda p: p.name)
 def test_every_shipped_space_loads_and_searches_the_paper_keys(path):
     s = load_space(str(path))
+    policy = s.train_config({}).triaccel.batch.policy
+    # the batch keys each policy reads: the score policy has no rho_low / delta_up (the budget is a cap)
+    batch = (("triaccel.batch.rho_high", "triaccel.batch.delta_down", "triaccel.batch.grow_factor")
+             if policy == "score" else ("triaccel.batch.rho_low", "triaccel.batch.rho_high",
+                                        "triaccel.batch.delta_up", "triaccel.batch.delta_down"))
     for k in ("triaccel.precision.tau_low", "triaccel.precision.tau_high", "triaccel.curvature.tau_curv",
-              "triaccel.curvature.alpha", "triaccel.batch.rho_low", "triaccel.batch.rho_high",
-              "triaccel.batch.delta_up", "triaccel.batch.delta_down"):
+              "triaccel.curvature.alpha") + batch:
         assert k in s.params
 
 
@@ -44,7 +48,8 @@ def test_every_draw_satisfies_the_ordered_pairs(path):
                 sample[k] = rng.choice([d.low, d.high, rng.uniform(d.low, d.high)])
         v = s.resolve(sample)
         assert v["triaccel.precision.tau_low"] < v["triaccel.precision.tau_high"]
-        assert v["triaccel.batch.rho_low"] < v["triaccel.batch.rho_high"]
+        if "triaccel.batch.rho_low" in v:
+            assert v["triaccel.batch.rho_low"] < v["triaccel.batch.rho_high"]
         for k, p in s.params.items():
             if p.low is not None:
                 assert p.low <= v[k] <= p.high, (k, v[k])
