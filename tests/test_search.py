@@ -19,6 +19,9 @@ pytestmark = pytest.mark.slow
 SPACE = {
     "name": "t", "objective": "efficiency", "trials": 6, "concurrency": 2, "scheduler": "none",
     "sampler": "random", "seed": 3,
+    # one quick baseline; a wide margin keeps every sane trial feasible, so these tests exercise the
+    # mechanics (the margin itself: tests/test_results.py and the README job below)
+    "baseline": {"batch_sizes": [64], "accuracy_margin": 100.0},
     "train": {"mode": "triaccel", "epochs": 3, "batch_size": 64, "device": "cpu",
               "data": {"name": "digits", "val_fraction": 0.15, "crop_padding": 1},
               "model": {"name": "small_cnn", "width": 8}, "optim": {"lr": 0.05, "warmup_epochs": 1},
@@ -120,9 +123,21 @@ def test_parent_run_carries_best_importances_and_plot(searched):
     assert p.info.status == "FINISHED" and "best_run_id" in p.data.tags
     arts = {a.path for a in c.list_artifacts(p.info.run_id)}
     assert {"best_config.yaml", "space.yaml", "trials_vs_params.png"} <= arts
-    _, runs = trial_runs(d, "t1")
-    best = max((r for r in runs if r.info.status == "FINISHED"), key=lambda r: r.data.metrics["efficiency"])
-    assert p.data.tags["best_run_id"] == best.info.run_id
+    _, bases = trial_runs(d, "t1", role="baseline")
+    assert len(bases) == 1 and bases[0].info.status == "FINISHED"  # the search trained its baseline
+    from triaccel.search import results as R
+    from triaccel.search.runner import read_outcome, read_state
+    from triaccel.search.space import parse_space
+
+    os.environ["TRIACCEL_TUNE_DIR"] = str(d / "mlruns" / "tune")
+    try:
+        st = read_state("t1")
+        space = parse_space(st["space"], source=st["source"], sha256=st["sha256"])
+        uri = f"sqlite:///{d}/mlruns/mlflow.db"
+        want = R.pick(read_outcome("t1", space, uri), space.objective, "best")
+    finally:
+        os.environ.pop("TRIACCEL_TUNE_DIR")
+    assert p.data.tags["best_run_id"] == want.row["run_id"]  # the parent's best is the export's pick
 
 
 def test_export_trains_as_is_and_reproduces_validation_accuracy(searched):
@@ -254,7 +269,11 @@ def test_confirm_reruns_the_best_alone_and_export_prefers_it(searched):
     assert len(runs) == 6  # resuming a finished search re-ran nothing
     r = cli("export", "t1", "--out", "confirmed.yaml", cwd=d)
     prov = yaml.safe_load((d / "confirmed.yaml").read_text())["provenance"]
-    assert prov["confirmed_alone"] is True and prov["mlflow_run_id"] == confirms[0].data.tags["triaccel.confirms"]
+    assert prov["confirmed_alone"] is True
+    if prov["exported"] == "trial":
+        assert prov["mlflow_run_id"] == confirms[0].data.tags["triaccel.confirms"]
+    assert prov["baseline"]["ratio"] == pytest.approx(prov["metrics"]["efficiency"]
+                                                      / prov["baseline"]["metrics"]["efficiency"])
 
 
 def _free_port():
@@ -368,7 +387,15 @@ def test_readme_main_job_runs_as_written(tmp_path):
     r = cli("search", "--space", str(Path(__file__).resolve().parents[1] / "spaces" / "quickstart.yaml"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert sum(ln.startswith("trial ") for ln in r.stdout.splitlines()) == 8
+    assert "reference baseline:" in r.stdout and " base " in r.stdout  # baselines lead the summary
     r = cli("export", "quickstart", "--out", "tuned.yaml", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
+    prov = yaml.safe_load((tmp_path / "tuned.yaml").read_text())["provenance"]
+    b = prov["baseline"]
+    assert prov["exported"] in ("trial", "baseline") and b["search_gpu_s"] > 0
+    if prov["exported"] == "trial":  # never a trial below the accuracy margin or below the baseline's score
+        assert b["val_acc_diff_pp"] >= -b["accuracy_margin_pp"] - 1e-9 and b["ratio"] > 1.0
+    else:
+        assert b["ratio"] == pytest.approx(1.0) and "beat the baseline" in prov["why"]
     r = cli("train", "--config", "tuned.yaml", cwd=tmp_path)
     assert r.returncode == 0 and "test acc" in r.stdout, r.stderr[-2000:]
