@@ -91,12 +91,9 @@ class MLflowSearchCallback(Callback):
                 self._parent = found[0].info.run_id
                 c.update_run(self._parent, status="RUNNING")
             else:
-                run = c.create_run(self._exp_id, run_name=self.search, tags={
-                    TAG_SEARCH: self.search, TAG_ROLE: "parent", "git_revision": git_revision(),
-                    "space_file": self.space_source, "space_sha256": self.space_sha, "objective": self.objective,
-                    "shared_trials": str(self.shared)})
-                self._parent = run.info.run_id
-                log_yaml_artifact(c, self._parent, self.space_data, "space.yaml")
+                from triaccel.search.runner import parent_run
+
+                self._parent = parent_run(self.search, self.space, self.tracking_uri, self.shared)
         return self._parent
 
     def child_run_id(self, trial) -> str:

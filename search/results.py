@@ -63,18 +63,18 @@ def reference(baselines: list[dict], epochs: int) -> dict | None:
     return max(done, key=lambda b: b["metrics"]["efficiency"]) if done else None
 
 
-def reference_acc(ref: dict | None, epoch: int) -> float | None:
-    """The reference's validation accuracy at ``epoch`` (1-based; its last one past its end)."""
-    if ref is None:
+def curve_gap(metrics: dict, curve: list | None) -> float | None:
+    """Validation accuracy minus ``curve``'s at the same epoch (1-based; its last value past its
+    end), in pp; None without a curve."""
+    if not curve or "val_acc" not in metrics:
         return None
-    curve = ref.get("curve") or [ref["metrics"]["val_acc"]]
-    return curve[min(max(epoch, 1), len(curve)) - 1]
+    epoch = int(metrics.get("epoch", 1))
+    return metrics["val_acc"] - curve[min(max(epoch, 1), len(curve)) - 1]
 
 
 def acc_gap(metrics: dict, ref: dict | None) -> float | None:
-    """Validation accuracy minus the reference's at the same epoch (pp); None without a reference."""
-    ra = reference_acc(ref, int(metrics.get("epoch", 1)))
-    return None if ra is None or "val_acc" not in metrics else metrics["val_acc"] - ra
+    """Validation accuracy minus the reference baseline's at the same epoch (pp)."""
+    return None if ref is None else curve_gap(metrics, ref.get("curve") or [ref["metrics"]["val_acc"]])
 
 
 def feasible(metrics: dict, ref: dict | None, margin: float = DEFAULT_MARGIN_PP) -> bool:
@@ -115,6 +115,7 @@ class Outcome:
     stopped: list = field(default_factory=list)  # stopped early (ASHA)
     failed: list = field(default_factory=list)
     trials: int = 0
+    runs: list = field(default_factory=list)  # every run read (trials, confirms, baselines): the search's cost
 
     @property
     def feasible(self) -> list:
@@ -136,7 +137,7 @@ def outcome(rows: list[dict], confirms: list[dict], baselines: list[dict], epoch
             margin: float = DEFAULT_MARGIN_PP) -> Outcome:
     ref = reference(baselines, epochs)
     conf = confirmed_metrics(confirms)
-    out = Outcome(epochs=epochs, margin=margin, reference=ref, trials=len(rows),
+    out = Outcome(epochs=epochs, margin=margin, reference=ref, trials=len(rows), runs=rows + confirms + baselines,
                   baselines=sorted([b for b in baselines if is_complete(b, epochs)],
                                    key=lambda b: -b["metrics"]["efficiency"]))
     for r in rows:

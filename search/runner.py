@@ -178,7 +178,7 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     (path / STATE_FILE).write_text(json.dumps(state, indent=1))
     print(f"triaccel search '{name}': {space.trials} trials of {space.source}, {space.concurrency} at a time, "
           f"objective {space.objective}; Tune state in {path}; MLflow {uri} (experiment '{EXPERIMENT}')", flush=True)
-    ref_curve = run_baselines(name, space, uri)
+    ref_curve = run_baselines(name, space, uri, shared)
     _init_ray(address)
     tuner = _tuner(space, name, uri, shared, ref_curve)
     tuner.fit()
@@ -193,7 +193,7 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
     from ray import tune
 
     print(f"triaccel resume '{name}': restoring {tune_root() / name}", flush=True)
-    ref_curve = run_baselines(name, space, state["tracking_uri"])  # only those not finished before
+    ref_curve = run_baselines(name, space, state["tracking_uri"], state["shared"])  # those not finished before
     _init_ray(address or state.get("address"))
     if not tune.Tuner.can_restore(str(tune_root() / name)):
         raise TriAccelError(f"search '{name}' has no Tune state to restore in {tune_root() / name}")
@@ -259,8 +259,9 @@ def read_outcome(name: str, space: SearchSpace, uri: str):
                    trial_table(c, exp, name, role="baseline", curves=True), space.epochs, space.margin)
 
 
-def parent_run(name: str, space: SearchSpace, uri: str, shared: int) -> str:
-    """The search's parent MLflow run, created once (the Tune callback finds the same one)."""
+def parent_run(name: str, space: SearchSpace, uri: str, shared: int | None = None) -> str:
+    """The search's parent MLflow run, created once (by the baselines, or by the Tune callback
+    where there are none); ``shared``: trials sharing a device, recorded when it is created."""
     from triaccel.search.callbacks import TAG_ROLE, TAG_SEARCH
     from triaccel.tracking import git_revision, log_yaml_artifact
 
@@ -271,7 +272,7 @@ def parent_run(name: str, space: SearchSpace, uri: str, shared: int) -> str:
         return found[0].info.run_id
     run = c.create_run(exp, run_name=name, tags={
         TAG_SEARCH: name, TAG_ROLE: "parent", "git_revision": git_revision(), "space_file": space.source,
-        "space_sha256": space.sha256, "objective": space.objective, "shared_trials": str(shared)})
+        "space_sha256": space.sha256, "objective": space.objective, "shared_trials": str(shared or 1)})
     log_yaml_artifact(c, run.info.run_id, space.raw, "space.yaml")
     return run.info.run_id
 
@@ -308,7 +309,7 @@ def run_alone(name: str, uri: str, cfg, tags: dict, label: str) -> dict | None:
     return s
 
 
-def run_baselines(name: str, space: SearchSpace, uri: str) -> list | None:
+def run_baselines(name: str, space: SearchSpace, uri: str, shared: int) -> list | None:
     """Train the static AMP references the space declares, alone and before any trial (resumed
     searches train only those not finished), and return the reference baseline's per-epoch
     validation accuracy: the curve every trial's accuracy is held to."""
@@ -321,7 +322,7 @@ def run_baselines(name: str, space: SearchSpace, uri: str) -> list | None:
         print("no baseline declared (baseline.batch_sizes: []): trials are not held to an accuracy", flush=True)
         return None
     c, exp = _client(uri)
-    parent = parent_run(name, space, uri, 1)
+    parent = parent_run(name, space, uri, shared)
     have = trial_table(c, exp, name, role="baseline")
     done = {b["tags"].get("triaccel.baseline") for b in have if b["status"] == "FINISHED"}
     for b in have:  # a baseline cut short by a crash is re-trained, its run closed as KILLED
@@ -402,7 +403,7 @@ def record_best(name: str, space: SearchSpace, uri: str, o) -> None:
     from triaccel.tracking import log_metrics, log_yaml_artifact
 
     c, exp = _client(uri)
-    parent = parent_run(name, space, uri, 1)
+    parent = parent_run(name, space, uri)
     try:
         p = pick(o, space.objective, "best")
     except TriAccelError:
@@ -427,7 +428,7 @@ def confirm_top(name: str, space: SearchSpace, uri: str, k: int) -> None:
     o = read_outcome(name, space, uri)
     c, exp = _client(uri)
     done_ids = set(confirmed_metrics(trial_table(c, exp, name, role="confirm")))
-    parent = parent_run(name, space, uri, 1)
+    parent = parent_run(name, space, uri)
     for x in [r for r in o.ranked if r.feasible][:k]:
         r = x.row
         if r["run_id"] in done_ids:
@@ -444,7 +445,7 @@ def confirm_top(name: str, space: SearchSpace, uri: str, k: int) -> None:
 
 def export(name: str, out: str, how: str = "best", force: bool = False) -> Path:
     from triaccel.config import TrainConfig, from_dict, to_dict
-    from triaccel.search.results import gpu_seconds, payback, pick, trial_table
+    from triaccel.search.results import gpu_seconds, payback, pick
     from triaccel.tracking import git_revision
 
     state = read_state(name)
@@ -468,8 +469,6 @@ def export(name: str, out: str, how: str = "best", force: bool = False) -> Path:
     cfg = from_dict(TrainConfig, train)  # what `triaccel train --config` will accept
     data = to_dict(cfg)
     keep = ("efficiency", "val_acc", "epoch_time_last5_s", "peak_mem_gib", "shared_trials")
-    c, exp = _client(uri)
-    runs = [r for role in ("trial", "confirm", "baseline") for r in trial_table(c, exp, name, role=role)]
     prov = {
         "search": name, "exported": chosen.kind, "why": chosen.reason, "mlflow_run_id": row["run_id"],
         "trial_id": row["trial_id"], "tracking_uri": uri, "pick": how, "objective": space.objective,
@@ -485,7 +484,7 @@ def export(name: str, out: str, how: str = "best", force: bool = False) -> Path:
             "metrics": {k: float(v) for k, v in ref.items() if k in keep},
             "ratio": measured["efficiency"] / ref["efficiency"],
             "val_acc_diff_pp": measured["val_acc"] - ref["val_acc"], "accuracy_margin_pp": space.margin,
-            **payback(gpu_seconds(runs), ref["epoch_time_last5_s"], measured["epoch_time_last5_s"])}
+            **payback(gpu_seconds(o.runs), ref["epoch_time_last5_s"], measured["epoch_time_last5_s"])}
     data["provenance"] = prov
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(p.suffix + ".tmp")

@@ -27,19 +27,19 @@ def accuracy_terms(metrics: dict, ref_curve: list | None, margin: float) -> dict
     ``acc_constraint`` <= 0 is feasible (Optuna's convention); ``search_score`` is what ASHA
     ranks: the efficiency of a feasible trial, minus its shortfall for an infeasible one (below
     every feasible trial)."""
-    from triaccel.search.results import acc_gap
+    from triaccel.search.results import curve_gap
 
     eff = float(metrics["efficiency"])
-    if not ref_curve:
+    gap = curve_gap(metrics, ref_curve)
+    if gap is None:
         return {"search_score": eff, "feasible": 1.0}
-    gap = acc_gap(metrics, {"curve": ref_curve, "metrics": {"val_acc": ref_curve[-1]}})
     constraint = -(gap + margin)
     return {"acc_gap_pp": gap, "acc_constraint": constraint, "feasible": float(constraint <= 0),
             "search_score": eff if constraint <= 0 else -constraint}
 
 
 class TuneReporter(Callback):
-    def __init__(self, loop, shared: int, ref_curve: list | None = None, margin: float = 0.5):
+    def __init__(self, loop, shared: int, ref_curve: list | None = None, margin: float = 0.0):
         self.loop = loop
         self.shared = shared
         self.ref_curve = ref_curve
@@ -61,7 +61,7 @@ class TuneReporter(Callback):
 
 
 def run_trial(config: dict, space_data: dict, shared: int, gpu_fraction: float, ref_curve: list | None = None,
-              margin: float = 0.5) -> None:
+              margin: float = 0.0) -> None:
     """One trial: ``config`` holds Optuna's sample; the fixed settings come from the space."""
     import torch
     from ray import tune

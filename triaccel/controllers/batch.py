@@ -106,13 +106,7 @@ class BatchController:
             self.cool -= 1
             return self._decide(size, "cooldown", frac)
         if frac > c.rho_high:
-            # delta_down is the largest step: where the fit knows a size that fits under rho_high,
-            # stop there instead of overshooting (96 -> 64 -> 32 when about 43 fits).
-            target = size - c.delta_down
-            fits = self._largest_fitting(c.rho_high * self.budget)
-            if fits is not None:
-                target = max(target, min(size - 1, fits))
-            return self._decide(max(c.min_batch, target), "shrink", frac)
+            return self._shrink(size, frac)
         if frac < c.rho_low:
             grown = min(c.max_batch, size + c.delta_up)
             if self.cfg.mode == "constant":
@@ -129,6 +123,17 @@ class BatchController:
             return self._decide(grown, "grow" if grown != size else "hold", frac)
         return self._decide(size, "hold", frac)
 
+    def _shrink(self, size: int, frac: float) -> BatchDecision:
+        """Over rho_high of the budget: delta_down is the largest step; where the fit knows a size
+        that fits under rho_high, stop there instead of overshooting (96 -> 64 -> 32 when about
+        43 fits)."""
+        c = self.cfg
+        target = size - c.delta_down
+        fits = self._largest_fitting(c.rho_high * self.budget)
+        if fits is not None:
+            target = max(target, min(size - 1, fits))
+        return self._decide(max(c.min_batch, target), "shrink", frac)
+
     # ------------------------------------------------------------------ score policy
     def _ladder(self, size: int, direction: int) -> int:
         g = self.cfg.grow_factor if direction > 0 else 1.0 / self.cfg.grow_factor
@@ -140,13 +145,9 @@ class BatchController:
         frac = peak_bytes / self.budget
         self.obs.append((self.micro, float(peak_bytes)))
         size = self.elastic
-        if frac > c.rho_high:  # the budget is a cap in every phase
-            target = size - c.delta_down
-            fits = self._largest_fitting(c.rho_high * self.budget)
-            if fits is not None:
-                target = max(target, min(size - 1, fits))
+        if frac > c.rho_high:  # the budget is a cap in every phase: sizes from here up are out
             self.costs = {k: v for k, v in self.costs.items() if k < size}
-            return self._decide(max(c.min_batch, target), "shrink", frac)
+            return self._shrink(size, frac)
         if not self.exploring:
             return self._decide(size, "hold", frac)
         if self.cool > 0:  # the first window at a new size warms it up (allocator, kernels)
