@@ -120,12 +120,15 @@ def test_kernels_and_references_give_the_same_training(channels_last):
     also with NHWC weights and gradients (dense, not contiguous: the CUDA default)."""
     import os
 
-    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+    # Triton runs on CUDA, or on the CPU under its interpreter (CI); never CPU tensors on a CUDA machine
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs Triton")
     results, levels = [], []
     for kern in ("torch", "triton"):
         t, loop = tri_trainer(**{"epochs": 1, "triaccel.kernels": kern, "triaccel.curvature.method": "fisher",
-                                  "data.augment": False, "channels_last": channels_last})
+                                  "data.augment": False, "channels_last": channels_last, "device": device,
+                                  "cudnn_benchmark": False})
         t.fit()
         results.append([p.detach().clone() for p in t.model.parameters()])
         levels.append([r["levels"] for r in loop.trajectory])
@@ -134,6 +137,17 @@ def test_kernels_and_references_give_the_same_training(channels_last):
     # (the kernel's summation order) to ~1e-4 in the weights.
     diff = max(float((a - b).abs().max()) for a, b in zip(*results))
     assert diff < 5e-4, diff
+
+
+def test_triton_kernels_on_a_device_triton_cannot_use_is_one_line(monkeypatch):
+    """A CPU run asking for Triton kernels without the interpreter (a CPU run on a CUDA
+    machine, say) stops at setup naming the key, instead of failing inside a kernel launch."""
+    from triaccel.errors import TriAccelError
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for key in ("triaccel.kernels", "data.kernel"):
+        with pytest.raises(TriAccelError, match=key.replace(".", r"\.") + ": triton needs a CUDA device"):
+            tri_trainer(**{"epochs": 1, key: "triton", "device": "cpu"})
 
 
 def test_checkpoint_roundtrip_keeps_controller_state(tmp_path):

@@ -40,6 +40,9 @@ class MemoryMeter:
         self._saved_peak = 0
         self._seen: set = set()
         self._reserved_epoch_peak = 0
+        # CUDA: bytes held outside the allocator's live-tensor count that training still needs,
+        # added to every peak: the CUDA graphs' memory pool (a replay allocates nothing).
+        self.extra_bytes = 0
 
     # -- CPU accounting ------------------------------------------------------------------
     def set_persistent(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
@@ -75,7 +78,7 @@ class MemoryMeter:
     # -- intervals ---------------------------------------------------------------------
     def _current_peak(self) -> int:
         if self.cuda:
-            return max(0, torch.cuda.max_memory_allocated(self.device) - self.baseline)
+            return max(0, torch.cuda.max_memory_allocated(self.device) - self.baseline) + self.extra_bytes
         return self._persistent + self._saved_peak
 
     def window_peak_bytes(self, reset: bool = True) -> int:
@@ -99,7 +102,7 @@ class MemoryMeter:
         if self.cuda:
             reserved = max(self._reserved_epoch_peak, torch.cuda.max_memory_reserved(self.device))
             out["peak_reserved_gib"] = reserved / GiB
-            out["peak_alloc_raw_gib"] = (alloc + self.baseline) / GiB
+            out["peak_alloc_raw_gib"] = (alloc + self.baseline - self.extra_bytes) / GiB
         return out
 
     def _reset_counter(self) -> None:

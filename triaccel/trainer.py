@@ -38,6 +38,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from triaccel.capture import StepGraphs
 from triaccel.config import TrainConfig
 from triaccel.data import ElasticSampler, ResidentData, load_splits
 from triaccel.errors import TriAccelError
@@ -105,6 +106,19 @@ def resolve_device(spec: str) -> torch.device:
     return dev
 
 
+def _check_triton_device(cfg: TrainConfig, device: torch.device) -> None:
+    """Triton kernels run on CUDA, or on the CPU under TRITON_INTERPRET=1 (how CI tests them);
+    asked for explicitly anywhere else, the run stops with one line instead of a kernel launch
+    error mid-epoch ('auto' picks the torch references there)."""
+    if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    for key, val in (("triaccel.kernels", cfg.triaccel.kernels if cfg.mode == "triaccel" else None),
+                     ("data.kernel", cfg.data.kernel)):
+        if val == "triton":
+            raise TriAccelError(f"{key}: triton needs a CUDA device (or TRITON_INTERPRET=1 on the CPU); "
+                                f"this run is on {device}: use auto or torch")
+
+
 def cudnn_benchmark_for(cfg: TrainConfig) -> bool:
     """cudnn_benchmark, resolved: null autotunes a fixed batch, not one the memory-elastic
     controller moves (each new batch size would be tuned again)."""
@@ -150,6 +164,7 @@ class Trainer:
         cfg = self.cfg
         seed_everything(cfg.seed)
         self.device = resolve_device(cfg.device)
+        _check_triton_device(cfg, self.device)
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = cudnn_benchmark_for(cfg)
             if cfg.memory_limit_fraction:
@@ -200,6 +215,12 @@ class Trainer:
         self.batch_size = cfg.batch_size
         self.micro_batch = math.ceil(cfg.batch_size / cfg.accum_steps)
         self.meter = MemoryMeter(self.device, baseline_bytes=data_bytes)
+        self.graphs: StepGraphs | None = None  # captured micro-batches (triaccel.capture)
+        if cfg.capture:
+            if self.device.type == "cuda":
+                self.graphs = StepGraphs(self.device, cap=cfg.capture_cap, log=self.log, meter=self.meter)
+            else:
+                self.log(f"[capture] CUDA graphs need a CUDA device: this run on {self.device} is eager")
         self.step_count = 0
         self.epoch = 0
         self.history = History()
@@ -291,6 +312,8 @@ class Trainer:
              "loss_scale": self.scaler.get_scale() if self.scaler.is_enabled() else 1.0,
              "oom_events": self.oom_events}
         m.update(mem)
+        if self.graphs is not None:  # counts so far; capture_s is inside epoch_time_s, reported apart too
+            m.update(self.graphs.stats())
         times = [e["epoch_time_s"] for e in self.history.epochs] + [epoch_time]
         peak = run_peak([e["peak_mem_gib"] for e in self.history.epochs] + [m["peak_mem_gib"]])
         m["epoch_time_last5_s"] = steady_epoch_time(times)
@@ -313,7 +336,7 @@ class Trainer:
         use_scaler = self.scaler_active()
 
         while True:  # re-run the same examples after an OOM, in smaller micro-batches
-            self.optimizer.zero_grad(set_to_none=True)
+            self._zero_grads()
             loss = self._accumulate(idx, n, use_scaler)
             if loss is not None:
                 break
@@ -343,26 +366,41 @@ class Trainer:
             cb.on_step_end(self, info)
         return loss, info
 
+    def _zero_grads(self) -> None:
+        # Captured graphs add into the gradient buffers they were recorded with: keep them.
+        self.optimizer.zero_grad(set_to_none=self.graphs is None)
+
     def _accumulate(self, idx: torch.Tensor, n: int, use_scaler: bool) -> torch.Tensor | None:
         """Forward/backward over the window in micro-batches; the loss sum, or None after an OOM."""
         total = torch.zeros((), device=self.device)
+
+        def body(x, y, n_):  # one micro-batch; ``n_`` is the window's size (a device scalar when captured)
+            with self.meter.track_forward(), self.autocast():
+                out = self.model(x)
+                loss = F.cross_entropy(out.float(), y, reduction="sum")
+            scaled = loss / n_  # the window's real example count: exact accumulation
+            (self.scaler.scale(scaled) if use_scaler else scaled).backward()
+            return loss.detach()
+
         try:
             for chunk in idx.split(self.micro_batch):
                 if self.oom_probe is not None:
                     self.oom_probe(len(chunk))
                 x, y = self.train_data.batch(chunk, train=True)
-                with self.meter.track_forward(), self.autocast():
-                    out = self.model(x)
-                    loss = F.cross_entropy(out.float(), y, reduction="sum")
-                scaled = loss / n  # the window's real example count: exact accumulation
-                (self.scaler.scale(scaled) if use_scaler else scaled).backward()
-                total += loss.detach()
+                if self.graphs is None:
+                    total += body(x, y, n)
+                else:
+                    total += self.graphs.run(self._graph_key(x, use_scaler), x, y, n, body)
         except torch.OutOfMemoryError:
             return None  # handled outside the except block, so its frames and tensors are freed
         return total
 
+    def _graph_key(self, x: torch.Tensor, use_scaler: bool) -> tuple:
+        plan = tuple(self.precision.levels()) if self.precision is not None else self.cfg.amp_dtype
+        return tuple(x.shape), x.stride(), use_scaler, plan
+
     def _recover_from_oom(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grads()
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -1,0 +1,113 @@
+"""Eager against captured (``capture: true``, CUDA graphs of the micro-batch) training, side by
+side in one process, interleaved run by run (issue 13).
+
+    python3 bench/capture_bench.py --data-dir /tmp/cifar --out bench/results/h200_capture.json
+
+Each pair trains the shipped static config (``configs/cifar10_jpeg_resnet18.yaml``, ResNet-18,
+CIFAR-10 JPEG pack) with one override set, once eager and once captured, same seed; pairs named
+in ``--seeded`` repeat over ``--seeds``. Reported per run: val acc, epoch times, the score's
+steady epoch time, peak memory (the graph pool included), efficiency, captures, replays and the
+recording time (inside the first epochs' times, reported apart too); per pair the mean +- std
+over seeds and the captured / eager ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import write  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TRIACCEL = {"mode": "triaccel", "amp_dtype": "fp16",
+            "triaccel": {"control_every": 50, "precision": {"scale": "relative"},
+                         "curvature": {"method": "fisher", "every": 200, "lr_rule": "normalized"},
+                         "batch": {"enabled": False}}}
+PAIRS = {
+    "static_fp16_b512": {"mode": "amp", "amp_dtype": "fp16", "batch_size": 512},
+    "static_bf16_b512": {"mode": "amp", "amp_dtype": "bf16", "batch_size": 512},
+    "static_bf16_b96": {"mode": "amp", "amp_dtype": "bf16", "batch_size": 96},
+    "triaccel_fisher_b512": {**TRIACCEL, "batch_size": 512},
+    "triaccel_elastic_b96": {**TRIACCEL, "batch_size": 96,
+                             "triaccel": {**TRIACCEL["triaccel"],
+                                          "batch": {"policy": "score", "mode": "paper", "max_batch": 2048}}},
+}
+
+
+def merge(a: dict, b: dict) -> dict:
+    out = copy.deepcopy(a)
+    for k, v in b.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def train(d: dict, seed: int) -> dict:
+    from triaccel.config import TrainConfig, from_dict
+    from triaccel.control import TriAccelLoop
+    from triaccel.trainer import Trainer
+
+    d = merge(d, {"seed": seed, "evaluate_test": False, "tracking": {"enabled": False}})
+    cfg = from_dict(TrainConfig, d)
+    cbs = [TriAccelLoop(cfg.triaccel, log=print)] if cfg.mode == "triaccel" else []
+    t0 = time.perf_counter()
+    t = Trainer(cfg, callbacks=cbs, log=lambda *a: None).setup()
+    s = t.fit()
+    last = t.history.epochs[-1]
+    out = {k: s[k] for k in ("val_acc", "epoch_time_last5_s", "peak_mem_gib", "efficiency", "peak_mem_first_epoch_gib")}
+    out.update(wall_s=time.perf_counter() - t0, epoch_times=[e["epoch_time_s"] for e in t.history.epochs],
+               batch_per_epoch=[e["batch_size"] for e in t.history.epochs])
+    if t.graphs is not None:
+        out.update(t.graphs.stats(), capture_disabled=t.graphs.disabled)
+    out["peak_reserved_gib"] = last.get("peak_reserved_gib")
+    return out
+
+
+def stats(xs):
+    return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data-dir", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--pairs", default=",".join(PAIRS))
+    ap.add_argument("--seeded", default="static_fp16_b512", help="pairs repeated over --seeds")
+    ap.add_argument("--seeds", default="0,1,2")
+    args = ap.parse_args()
+    base = yaml.safe_load((ROOT / "configs" / "cifar10_jpeg_resnet18.yaml").read_text())
+    base = merge(base, {"epochs": args.epochs, "data": {"data_dir": args.data_dir},
+                        "optim": {"warmup_epochs": 2}})
+    res = {"what": __doc__.split("\n\n")[0], "epochs": args.epochs, "base": "configs/cifar10_jpeg_resnet18.yaml",
+           "runs": {}, "pairs": {}}
+    seeds = [int(s) for s in args.seeds.split(",")]
+    todo = [(p, s) for s in seeds for p in args.pairs.split(",") if s == seeds[0] or p in args.seeded.split(",")]
+    for pair, seed in todo:
+        for capture in (False, True):
+            name = f"{pair}_{'captured' if capture else 'eager'}"
+            r = train(merge(base, {**PAIRS[pair], "capture": capture}), seed)
+            res["runs"].setdefault(name, {})[str(seed)] = r
+            print(f"{name} seed {seed}: val {r['val_acc']:.2f} epoch {r['epoch_time_last5_s']:.3f}s "
+                  f"peak {r['peak_mem_gib']:.3f} GiB eff {r['efficiency']:.1f} "
+                  f"{'captures %d replays %d capture_s %.2f' % (r['captures'], r['replays'], r['capture_s']) if capture else ''}",
+                  flush=True)
+        ev, cp = res["runs"][f"{pair}_eager"], res["runs"][f"{pair}_captured"]
+        summ = {}
+        for k in ("efficiency", "epoch_time_last5_s", "peak_mem_gib", "val_acc"):
+            summ[k] = {"eager": stats([r[k] for r in ev.values()]), "captured": stats([r[k] for r in cp.values()])}
+        summ["captured_over_eager"] = {k: summ[k]["captured"]["mean"] / summ[k]["eager"]["mean"]
+                                       for k in ("efficiency", "epoch_time_last5_s", "peak_mem_gib")}
+        summ["val_acc_diff_pp"] = summ["val_acc"]["captured"]["mean"] - summ["val_acc"]["eager"]["mean"]
+        res["pairs"][pair] = summ
+        write(args.out, res)
+
+
+if __name__ == "__main__":
+    main()

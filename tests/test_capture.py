@@ -1,0 +1,96 @@
+"""Captured micro-batches (``capture: true``, triaccel.capture): the same training as eager.
+
+The CUDA tests skip in CI (no GPU) and run natively on the H200 through tests/run_gpu.sh.
+"""
+import pytest
+import torch
+
+from conftest import small_cfg
+from triaccel.control import TriAccelLoop
+from triaccel.errors import ConfigError
+from triaccel.trainer import Trainer
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+
+
+def fit(cfg, **kw):
+    logs = []
+    cbs = [TriAccelLoop(cfg.triaccel, log=logs.append)] if cfg.mode == "triaccel" else []
+    t = Trainer(cfg, callbacks=cbs, log=logs.append, **kw).setup()
+    t.fit()
+    return t, logs
+
+
+def test_capture_on_cpu_says_so_and_trains_as_eager():
+    t0, _ = fit(small_cfg(mode="amp", amp_dtype="bf16", epochs=1))
+    t1, logs = fit(small_cfg(mode="amp", amp_dtype="bf16", epochs=1, capture="true"))
+    assert t1.graphs is None
+    assert any("[capture]" in line and "eager" in line for line in logs)
+    assert t1.history.epochs[-1]["train_loss"] == t0.history.epochs[-1]["train_loss"]
+
+
+def test_capture_cap_is_checked():
+    with pytest.raises(ConfigError, match="capture_cap"):
+        small_cfg(capture_cap=0)
+
+
+def _params(t):
+    return torch.cat([p.detach().float().flatten() for p in t.model.parameters()])
+
+
+@cuda
+@pytest.mark.parametrize("mode,dtype,accum", [("amp", "bf16", 1), ("amp", "fp16", 1), ("amp", "bf16", 2),
+                                              ("triaccel", "fp16", 1)])
+def test_captured_training_matches_eager(mode, dtype, accum):
+    over = dict(device="cuda", mode=mode, amp_dtype=dtype, accum_steps=accum, epochs=2, cudnn_benchmark="false")
+    if mode == "triaccel":
+        over.update({"triaccel.batch.enabled": "false", "triaccel.curvature.method": "fisher",
+                     "triaccel.curvature.every": 5, "triaccel.control_every": 5})
+    torch.backends.cudnn.deterministic = True
+    try:
+        eager, _ = fit(small_cfg(**over))
+        capt, _ = fit(small_cfg(capture="true", **over))
+    finally:
+        torch.backends.cudnn.deterministic = False
+    g = capt.graphs
+    assert g.disabled is None
+    # one key per (micro-batch shape, plan); the epoch's short last batch is a second shape
+    assert 1 <= g.captures <= capt.cfg.capture_cap and g.replays > g.eager
+    for e, c in zip(eager.history.epochs, capt.history.epochs):
+        assert c["train_loss"] == pytest.approx(e["train_loss"], rel=2e-3)
+        assert abs(c["val_acc"] - e["val_acc"]) <= 2.0
+    assert torch.allclose(_params(capt), _params(eager), rtol=1e-2, atol=1e-3)
+
+
+@cuda
+def test_captured_peak_counts_the_graph_pool():
+    over = dict(device="cuda", mode="amp", amp_dtype="bf16", epochs=3, batch_size=256)
+    eager, _ = fit(small_cfg(**over))
+    capt, _ = fit(small_cfg(capture="true", **over))
+    m = capt.history.epochs[-1]
+    assert m["graph_pool_gib"] > 0
+    # a replay allocates nothing: without the pool the captured peak would be params + grads only
+    assert m["peak_mem_gib"] >= 0.8 * eager.history.epochs[-1]["peak_mem_gib"]
+
+
+@cuda
+def test_failed_capture_goes_on_eager_and_says_why():
+    cfg = small_cfg(device="cuda", mode="amp", amp_dtype="bf16", epochs=1, capture="true")
+    t = Trainer(cfg, log=(logs := []).append).setup()
+
+    class SyncInForward(torch.nn.Module):  # .item() synchronises: not allowed while recording
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, x):
+            out = self.m(x)
+            if torch.cuda.is_current_stream_capturing():
+                out.sum().item()
+            return out
+
+    t.model = SyncInForward(t.model)
+    t.fit()
+    assert t.graphs.disabled is not None and t.graphs.replays == 0
+    assert any("[capture]" in line and "eager" in line for line in logs)
+    assert t.history.epochs[-1]["val_acc"] > 20
