@@ -31,13 +31,18 @@ def _one_clean_line(r, match):
     ("data: {name: imagefolder, data_dir: /no/such/dir}\n", ["--config", "c.yaml"], "/no/such/dir: data_dir does not exist"),
     ("batch_size: 0\n", ["--config", "c.yaml"], "c.yaml: batch_size: must be >= 1"),
     ("epochs: 1\n", ["--config", "c.yaml", "--set", "optim.lr=-2"], "optim.lr: must be > 0"),
+    (b"PK\x03\x04\x14\x00\x08\x08\xb5", ["--config", "c.yaml"], "c.yaml: not a YAML text file (not UTF-8: byte 0xb5 at offset 8)"),
+    ("# epochs: 3\n", ["--config", "c.yaml"], "c.yaml: is empty (no settings)"),
+    ("", ["--config", "c.yaml", "--set", "epochs=1"], "c.yaml: is empty (no settings)"),
 ])
 def test_bad_input_is_one_line(tmp_path, setup, args, match):
-    if setup is not None:
+    if isinstance(setup, bytes):
+        (tmp_path / "c.yaml").write_bytes(setup)
+    elif setup is not None:
         (tmp_path / "c.yaml").write_text(setup)
     r = run_cli("train", *args, cwd=tmp_path)
     _one_clean_line(r, match)
-    assert not (tmp_path / "mlruns").exists() or "model" not in (setup or "")
+    assert not (tmp_path / "mlruns").exists() or "model" not in str(setup)
 
 
 def test_train_logs_run_to_sqlite_store(tmp_path):

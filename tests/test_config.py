@@ -48,3 +48,17 @@ def test_bad_yaml_and_missing_file(tmp_path):
         load_config(p)
     with pytest.raises(ConfigError, match="nope.yaml: no such file"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_binary_and_empty_files_are_refused_naming_the_file(tmp_path):
+    p = tmp_path / "photo.yaml"
+    p.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")  # an image saved under a YAML name
+    with pytest.raises(ConfigError, match=r"photo.yaml: not a YAML text file \(not UTF-8: byte 0x89 at offset 0\)"):
+        load_config(p)
+    for text in ("", "\n\n", "# only a comment\n", "null\n", "~\n"):  # never "train on all defaults"
+        p = tmp_path / "empty.yaml"
+        p.write_text(text)
+        with pytest.raises(ConfigError, match="empty.yaml: is empty"):
+            load_config(p, ["epochs=1"])
+    p.write_text("{}\n")  # an explicit empty mapping is a choice: all defaults
+    assert load_config(p) == TrainConfig()

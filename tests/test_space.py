@@ -93,6 +93,20 @@ def test_cli_rejects_bad_space_before_ray_starts(tmp_path):
     assert not (tmp_path / "mlruns" / "tune").exists()  # nothing started, nothing written
 
 
+@pytest.mark.parametrize("content,match", [
+    (b"\x1f\x8b\x08\x00\x00\x00", "not a YAML text file (not UTF-8: byte 0x8b at offset 1)"),  # a gzip file
+    (b"# tau ranges to try\n", "is empty (no settings)"),
+])
+def test_cli_rejects_binary_or_empty_space_before_ray_starts(tmp_path, content, match):
+    p = tmp_path / "s.yaml"
+    p.write_bytes(content)
+    r = subprocess.run([sys.executable, "-m", "triaccel.cli", "search", "--space", str(p)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [f"triaccel: error: {p}: {match}"]
+    assert not (tmp_path / "mlruns").exists()  # nothing started, nothing written
+
+
 def test_frac_parameter_is_what_optuna_sees():
     s = load_space(str(ROOT / "spaces" / "quickstart.yaml"))
     d = s.optuna_distributions()

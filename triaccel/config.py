@@ -367,13 +367,22 @@ def read_yaml(path: str | Path) -> dict:
     if not p.is_file():
         raise ConfigError(f"{p}: no such file")
     try:
-        data = yaml.safe_load(p.read_text())
+        raw = p.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read it ({e.strerror or e})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not a YAML text file (not UTF-8: byte 0x{raw[e.start]:02x} at offset {e.start})") \
+            from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
         raise ConfigError(f"{p}: not valid YAML{where}") from None
-    if data is None:
-        data = {}
+    if data is None:  # an empty file, only comments or `null`: most likely the wrong file, never "all defaults"
+        raise ConfigError(f"{p}: is empty (no settings)")
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: top level must be a mapping")
     return data
