@@ -44,6 +44,34 @@ def shared_trials(space: SearchSpace) -> int:
     return max(1, min(space.concurrency, os.cpu_count() or 1))
 
 
+def check_address(address: str | None) -> None:
+    """Fail in seconds where nothing answers at ``--address HOST:PORT`` (or ``ray://HOST:PORT``):
+    ``ray.init`` retries such an address for minutes. Ray reaches a loopback host through this
+    node's IP, so either answering will do; ``auto`` and ``local`` are Ray's to resolve."""
+    if not address or address in ("auto", "local"):
+        return
+    import socket
+
+    host, sep, port = address.split("://", 1)[-1].rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise TriAccelError(f"--address {address}: expected HOST:PORT, ray://HOST:PORT or auto")
+    hosts = [host]
+    if host in ("localhost", "127.0.0.1", "::1"):
+        from ray.util import get_node_ip_address
+
+        hosts.append(get_node_ip_address())
+    why = ""
+    for h in hosts:
+        try:
+            socket.create_connection((h, int(port)), timeout=5).close()
+            return
+        except OSError as e:
+            why = why or e.strerror or str(e) or type(e).__name__
+    raise TriAccelError(f"--address {address}: cannot join a Ray cluster there (nothing answers on "
+                        f"{host}:{port}: {why})")
+
+
 def _init_ray(address: str | None, quiet: bool = True) -> None:
     import logging
 
@@ -157,6 +185,7 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
                gpus_per_trial: float | None = None, address: str | None = None, confirm: int | None = None) -> dict:
     space = load_space(space_path)  # every error surfaces here, before Ray starts
     _check_confirm(confirm)
+    check_address(address)
     for k, v in (("trials", trials), ("concurrency", concurrency), ("gpus_per_trial", gpus_per_trial)):
         if v is not None:
             if (k == "gpus_per_trial" and not 0 < v <= 8) or (k != "gpus_per_trial" and v < 1):
@@ -189,6 +218,7 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
 def resume_search(name: str, address: str | None = None, confirm: int | None = None) -> dict:
     state = read_state(name)
     _check_confirm(confirm)
+    check_address(address or state.get("address"))
     space = parse_space(state["space"], source=state["source"], sha256=state["sha256"])
     from ray import tune
 

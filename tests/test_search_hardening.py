@@ -1,0 +1,68 @@
+"""The search service fed what users feed it: an address where no cluster runs, list-valued
+choices, Ctrl-C mid-search. Real subprocesses, real local Ray, a real sqlite MLflow store."""
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+SPACE = {
+    "name": "h", "objective": "efficiency", "trials": 2, "concurrency": 2, "scheduler": "none", "sampler": "random",
+    "seed": 0, "baseline": {"batch_sizes": []},
+    "train": {"mode": "triaccel", "epochs": 1, "batch_size": 64, "device": "cpu", "eval_batch_size": 512,
+              "data": {"name": "digits", "val_fraction": 0.15, "crop_padding": 1},
+              "model": {"name": "small_cnn", "width": 8}, "optim": {"lr": 0.05, "warmup_epochs": 1},
+              "triaccel": {"control_every": 5, "curvature": {"method": "fisher", "every": 10},
+                           "batch": {"budget_gb": 0.004, "min_batch": 16}}},
+    "params": {"triaccel.precision.tau_low": {"distribution": "loguniform", "low": 1e-8, "high": 1e-4}},
+}
+
+
+def _env():
+    env = dict(os.environ)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("TRIACCEL_TUNE_DIR", None)
+    return env
+
+
+def cli(*args, cwd, timeout=300):
+    return subprocess.run([sys.executable, "-m", "triaccel.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=_env())
+
+
+def runs(d, name, role=None):
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=f"sqlite:///{d}/mlruns/mlflow.db")
+    exp = c.get_experiment_by_name("triaccel-search")
+    flt = f"tags.`triaccel.search` = '{name}'" + (f" and tags.`triaccel.role` = '{role}'" if role else "")
+    return c, c.search_runs([exp.experiment_id], filter_string=flt, max_results=1000)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when the block ends: nothing listens there
+
+
+@pytest.mark.parametrize("address,why", [
+    ("127.0.0.1:{port}", "cannot join a Ray cluster there (nothing answers on 127.0.0.1:{port}: Connection refused)"),
+    ("ray://127.0.0.1:{port}", "cannot join a Ray cluster there (nothing answers on 127.0.0.1:{port}: "
+                               "Connection refused)"),
+    ("headnode", "expected HOST:PORT, ray://HOST:PORT or auto"),
+])
+def test_address_where_no_cluster_answers_fails_in_seconds_and_writes_nothing(tmp_path, address, why):
+    port = _closed_port()
+    address, why = address.format(port=port), why.format(port=port)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
+    t0 = time.monotonic()
+    r = cli("search", "--space", "space.yaml", "--address", address, cwd=tmp_path, timeout=120)
+    assert time.monotonic() - t0 < 30  # ray.init alone retried such an address for minutes
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [f"triaccel: error: --address {address}: {why}"]
+    assert not (tmp_path / "mlruns").exists()  # no search state: the same command works once the cluster runs
