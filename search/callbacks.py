@@ -258,7 +258,13 @@ class MLflowSearchCallback(Callback):
             eff = [r["metrics"]["efficiency"] for r in done]
             col = ["tab:red" if r["run_id"] in infeasible else "tab:blue" for r in done]
             for ax, k in zip(axes.flat, keys):
-                ax.scatter([r["values"][k] for r in done], eff, s=14, c=col)
+                xs = [r["values"][k] for r in done]
+                choices = self.space.params[k].choices
+                if choices is not None:  # each choice at its own position, whatever it holds (a pair, a string)
+                    labels = [str(c) for c in choices]
+                    xs = [labels.index(str(x)) if str(x) in labels else math.nan for x in xs]
+                    ax.set_xticks(range(len(labels)), labels, fontsize=7)
+                ax.scatter(xs, eff, s=14, c=col)
                 if self.space.params[k].distribution == "loguniform":
                     ax.set_xscale("log")
                 ax.set_xlabel(k.split(".")[-1], fontsize=8)

@@ -24,7 +24,8 @@ Distributions and their bounds (all bounds inclusive):
 - ``uniform``: low <= x <= high;
 - ``loguniform``: 0 < low <= x <= high, uniform in log x;
 - ``int``: integers low, low+step, ... <= high;
-- ``categorical``: one of ``choices``.
+- ``categorical``: one of ``choices``, each a value the key accepts (a pair for ``optim.betas``:
+  ``choices: [[0.9, 0.999], [0.8, 0.99]]``).
 
 Ordered pairs (tau_low < tau_high, rho_low < rho_high) hold by construction, not by
 rejection: a parameter with ``above: OTHER`` is sampled as a position u in [0, 1] within the
@@ -88,6 +89,8 @@ class SearchSpace:
 
     # ------------------------------------------------------------------ Optuna
     def optuna_distributions(self) -> dict:
+        import warnings
+
         import optuna.distributions as od
 
         out = {}
@@ -101,7 +104,10 @@ class SearchSpace:
             elif p.distribution == "int":
                 out[k] = od.IntDistribution(int(p.low), int(p.high), step=p.step or 1)
             else:
-                out[k] = od.CategoricalDistribution(p.choices)
+                # Optuna warns that a list choice suits no database storage: the study lives in memory
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)
+                    out[k] = od.CategoricalDistribution(p.choices)
         return out
 
     def resolve(self, sampled: dict) -> dict:

@@ -66,3 +66,31 @@ def test_address_where_no_cluster_answers_fails_in_seconds_and_writes_nothing(tm
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert r.stderr.strip().splitlines() == [f"triaccel: error: --address {address}: {why}"]
     assert not (tmp_path / "mlruns").exists()  # no search state: the same command works once the cluster runs
+
+
+def test_list_valued_choices_search_end_to_end(tmp_path):
+    """optim.betas is a pair, so a categorical over it has list choices: the search runs, the summary
+    and the parent's plot show them, the parent run finishes and the export trains as it is."""
+    from triaccel.config import load_config
+
+    betas = [[0.9, 0.999], [0.8, 0.99]]
+    space = dict(SPACE, trials=3, params={**SPACE["params"],
+                                          "optim.betas": {"distribution": "categorical", "choices": betas}})
+    space["train"] = dict(SPACE["train"], optim={"name": "adamw", "lr": 0.005, "warmup_epochs": 1})
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    r = cli("search", "--space", "space.yaml", "--name", "b", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "UserWarning" not in r.stderr
+    table = r.stdout[r.stdout.index("\nsearch 'b':") + 1:]
+    assert "betas" in table.splitlines()[1] and any(str(b) in table for b in betas)
+    c, parents = runs(tmp_path, "b", role="parent")
+    assert [p.info.status for p in parents] == ["FINISHED"]
+    assert "trials_vs_params.png" in {a.path for a in c.list_artifacts(parents[0].info.run_id)}
+    _, trials = runs(tmp_path, "b", role="trial")
+    assert len(trials) == 3 and all(t.info.status == "FINISHED" for t in trials)
+    import json
+
+    assert all(json.loads(t.data.tags["triaccel.values"])["optim.betas"] in betas for t in trials)
+    r = cli("export", "b", "--out", "tuned.yaml", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert list(load_config(tmp_path / "tuned.yaml").optim.betas) in betas
