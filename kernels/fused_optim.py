@@ -120,6 +120,13 @@ def triton_usable(device: torch.device) -> bool:
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same element at every flat offset: strides agree on each dimension longer than one (a
+    length-one dimension's stride is never used: a channels_last conv weight with one input
+    channel has strides (9, 1, 3, 1) where its contiguous gradient has (9, 9, 3, 1))."""
+    return a.shape == b.shape and all(sa == sb for n, sa, sb in zip(a.shape, a.stride(), b.stride()) if n > 1)
+
+
 class _FusedBase(torch.optim.Optimizer):
     _step_supports_amp_scaling = True  # GradScaler hands us grad_scale / found_inf tensors
 
@@ -190,7 +197,7 @@ class _FusedBase(torch.optim.Optimizer):
                 if p.grad is not None:
                     if p.dtype != torch.float32 or p.grad.dtype != torch.float32:
                         raise TypeError("fused optimizers keep fp32 master weights and fp32 gradients")
-                    if p.grad.stride() != p.stride() or not _dense(p):
+                    if not (_same_layout(p.grad, p) and _dense(p)):
                         # the kernels walk p, grad and state by flat offset: one dense layout for all
                         raise ValueError("fused optimizers need each gradient in its parameter's dense layout "
                                          f"(param strides {p.stride()}, grad strides {p.grad.stride()})")

@@ -2,6 +2,8 @@
 # The whole test suite, natively on the GPU machine (CI has no GPU, so the CUDA-only tests run
 # only here). Prints one summary line; the full log and JUnit XML go to ${OUT:-/tmp}.
 #   bash tests/run_gpu.sh            # from the repo root on the GPU machine (see ../shared/device)
+# The whole suite takes longer than one 10-minute device command on the H200: run it in two parts,
+#   PYTEST_ARGS="--ignore=tests/test_search.py" bash tests/run_gpu.sh; PYTEST_ARGS=tests/test_search.py bash tests/run_gpu.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp}
@@ -9,14 +11,15 @@ if [ -f .device/site.tar.xz ] && ! python3 -c "import ray, optuna, mlflow" 2>/de
   mkdir -p /tmp/site && tar xJf .device/site.tar.xz -C /tmp/site && export PYTHONPATH=/tmp/site
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "GPU suite: install failed"; exit 2; }
-# pytest-xdist, when its wheels travel in .device/wheels (pip download pytest-xdist execnet -d .device/wheels):
-# the suite then runs one test file per worker, in about a third of the time.
-if [ -d .device/wheels ] && ! python3 -c "import xdist" 2>/dev/null; then
+# GPU_WORKERS=N: pytest-xdist with N workers, its wheels carried in .device/wheels
+# (pip download pytest-xdist execnet -d .device/wheels). Not the default: on the H200 six workers
+# were slower than one process (each compiles the Triton kernels and initialises CUDA; 2026-11-30).
+if [ -n "${GPU_WORKERS:-}" ] && [ -d .device/wheels ] && ! python3 -c "import xdist" 2>/dev/null; then
   python3 -m pip install -q --no-deps --target /tmp/xdist .device/wheels/*.whl >/dev/null 2>&1 \
     && export PYTHONPATH=/tmp/xdist${PYTHONPATH:+:$PYTHONPATH}
 fi
-if [ -z "${PYTEST_ARGS+x}" ] && python3 -c "import xdist" 2>/dev/null; then
-  PYTEST_ARGS="-n ${GPU_WORKERS:-6} --dist loadfile"
+if [ -n "${GPU_WORKERS:-}" ] && [ -z "${PYTEST_ARGS+x}" ] && python3 -c "import xdist" 2>/dev/null; then
+  PYTEST_ARGS="-n $GPU_WORKERS --dist load"
 fi
 gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')")
 start=$(date +%s)

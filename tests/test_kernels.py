@@ -74,6 +74,31 @@ def _opt_pair(kind, device, lrs, **kw):
     return p1, p2, FusedAdamW(groups(p1), lr=0.1, backend="triton", **kw), torch.optim.AdamW(groups(p2), lr=0.1, **kw)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_step_takes_a_gradient_whose_strides_differ_only_on_length_one_dims(device):
+    """A channels_last conv weight with one input channel (H200: the first conv on 1-channel digits)
+    has strides (9, 1, 3, 1); autograd may hand back its gradient contiguous, (9, 9, 3, 1): the
+    same flat layout, which the fused step must accept and update like torch.optim.SGD."""
+    if not _device_ok(device):
+        pytest.skip()
+    w = torch.randn(4, 1, 3, 3, generator=torch.Generator().manual_seed(0)).to(device)
+    p1 = w.clone().to(memory_format=torch.channels_last).requires_grad_()
+    p2 = w.clone().requires_grad_()
+    assert p1.stride() != p2.stride()
+    g = torch.randn(4, 1, 3, 3, generator=torch.Generator().manual_seed(1)).to(device)
+    p1.grad, p2.grad = g.clone(), g.clone()  # contiguous gradients
+    o1 = FusedSGD([p1], lr=0.1, momentum=0.9, backend="triton")
+    o2 = torch.optim.SGD([p2], lr=0.1, momentum=0.9)
+    for _ in range(2):
+        o1.step()
+        o2.step()
+    assert torch.allclose(p1, p2, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="dense layout"):  # a real mismatch is still refused
+        p3 = torch.randn(4, 2, 3, 3, device=device).to(memory_format=torch.channels_last).requires_grad_()
+        p3.grad = torch.randn(4, 2, 3, 3, device=device)
+        FusedSGD([p3], lr=0.1, momentum=0.9, backend="triton").step()
+
+
 CASES = [
     ("sgd", dict(momentum=0.9, weight_decay=5e-4, nesterov=False)),
     ("sgd", dict(momentum=0.9, weight_decay=1e-3, nesterov=True)),

@@ -24,13 +24,16 @@ at most ``cap`` graphs live at once (least recently used dropped), and a capture
 switches capture off for the run with one log line; training goes on eager.
 
 Memory is reported honestly: a replay allocates nothing, so the allocator's peak no longer
-sees the activations. The pool's bytes not held by live tensors are added to every peak
-while graphs live (``extra_bytes``), which is what the device holds for them.
+sees the activations. The pool's bytes not held by live tensors (the allocator's snapshot
+names each segment's pool) are added to every peak while graphs live (``extra_bytes``): that
+is what the device holds for them. Recording allocates inside the pool, so the meter holds
+its peak across a recording instead of counting those bytes twice.
 """
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from contextlib import nullcontext
 from typing import Callable
 
 import torch
@@ -52,6 +55,7 @@ class StepGraphs:
         self.log = log
         self.graphs: OrderedDict = OrderedDict()
         self.seen: dict = {}
+        self.shapes: set = set()  # micro-batch shapes recorded so far
         self.pool = torch.cuda.graph_pool_handle()
         self.captures = 0  # graphs recorded in this run (a dropped and re-recorded key counts twice)
         self.replays = 0
@@ -71,7 +75,7 @@ class StepGraphs:
         else from ``body`` run eager (and recorded once the key has been seen ``warmup`` times)."""
         if self.disabled is None:
             g = self.graphs.get(key)
-            if g is None and self.seen.get(key, 0) >= self.warmup:
+            if g is None and self.seen.get(key, 0) >= self._warmup_for(key):
                 g = self._capture(key, x, y, body)
             if g is not None:
                 self.graphs.move_to_end(key)
@@ -85,6 +89,15 @@ class StepGraphs:
         self.eager += 1
         return body(x, y, n)
 
+    def _warmup_for(self, key) -> int:
+        """Eager occurrences before recording: cuDNN's autotuner runs kernels when it meets a new
+        (shape, dtype), which a recording must not; without it (the elastic batch turns it off),
+        a new precision plan at a shape already recorded is recorded at once, with no eager
+        micro-batch whose activations would sit beside the pool."""
+        if not torch.backends.cudnn.benchmark and key[0] in self.shapes:
+            return 0
+        return self.warmup
+
     def _capture(self, key, x, y, body) -> _Graph | None:
         torch.cuda.synchronize(self.device)
         t0 = time.perf_counter()
@@ -92,8 +105,9 @@ class StepGraphs:
         sx, sy = x.clone(), y.clone()
         sn = torch.ones((), device=self.device)
         graph = torch.cuda.CUDAGraph()
+        held = self.meter.hold() if self.meter is not None else nullcontext()
         try:
-            with torch.cuda.graph(graph, pool=self.pool):
+            with held, torch.cuda.graph(graph, pool=self.pool):  # recording allocates in the pool: not a peak
                 loss = body(sx, sy, sn)
         except Exception as e:  # noqa: BLE001 -- any failure: the run goes on eager, and says why
             self.disabled = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
@@ -102,13 +116,36 @@ class StepGraphs:
             torch.cuda.synchronize(self.device)
             return None
         torch.cuda.synchronize(self.device)
-        r1, a1 = torch.cuda.memory_reserved(self.device), torch.cuda.memory_allocated(self.device)
-        self.extra_bytes += max(0, (r1 - r0) - (a1 - a0))
+        free = self._pool_free_bytes()
+        if free is None:  # no per-pool figures: the reserved growth not held by live tensors
+            r1, a1 = torch.cuda.memory_reserved(self.device), torch.cuda.memory_allocated(self.device)
+            free = self.extra_bytes + max(0, (r1 - r0) - (a1 - a0))
+        self.extra_bytes = free
         if self.meter is not None:
             self.meter.extra_bytes = self.extra_bytes
         self.graphs[key] = g = _Graph(graph, sx, sy, sn, loss)
+        self.shapes.add(key[0])
         self.captures += 1
         if len(self.graphs) > self.cap:
             self.graphs.popitem(last=False)  # its pool blocks are reused by later recordings
         self.capture_s += time.perf_counter() - t0
         return g
+
+    def _pool_free_bytes(self) -> int | None:
+        """Bytes of the graphs' pool not held by live tensors (the allocator counts those), from
+        the allocator's snapshot; None where the snapshot does not name pools."""
+        try:
+            segs = torch.cuda.memory_snapshot()
+        except Exception:  # noqa: BLE001
+            return None
+        pool = tuple(self.pool)
+        total = used = 0
+        named = False
+        for seg in segs:
+            if "segment_pool_id" not in seg:
+                continue
+            named = True
+            if tuple(seg["segment_pool_id"]) == pool:
+                total += seg["total_size"]
+                used += seg["allocated_size"]
+        return total - used if named else None

@@ -43,6 +43,7 @@ class MemoryMeter:
         # CUDA: bytes held outside the allocator's live-tensor count that training still needs,
         # added to every peak: the CUDA graphs' memory pool (a replay allocates nothing).
         self.extra_bytes = 0
+        self._held = 0  # a peak kept across an interval the counter must not see (hold())
 
     # -- CPU accounting ------------------------------------------------------------------
     def set_persistent(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
@@ -75,10 +76,22 @@ class MemoryMeter:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             yield
 
+    @contextmanager
+    def hold(self):
+        """CUDA: the peak so far is kept, and what is allocated inside the block does not count
+        (a CUDA graph recording allocates in the graph's pool, counted through extra_bytes)."""
+        self._held = max(self._held, self._current_peak())
+        try:
+            yield
+        finally:
+            if self.cuda:
+                torch.cuda.reset_peak_memory_stats(self.device)
+
     # -- intervals ---------------------------------------------------------------------
     def _current_peak(self) -> int:
         if self.cuda:
-            return max(0, torch.cuda.max_memory_allocated(self.device) - self.baseline) + self.extra_bytes
+            live = max(0, torch.cuda.max_memory_allocated(self.device) - self.baseline) + self.extra_bytes
+            return max(live, self._held)
         return self._persistent + self._saved_peak
 
     def window_peak_bytes(self, reset: bool = True) -> int:
@@ -106,6 +119,7 @@ class MemoryMeter:
         return out
 
     def _reset_counter(self) -> None:
+        self._held = 0
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
