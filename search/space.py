@@ -14,6 +14,7 @@ A space file (``spaces/*.yaml``)::
     baseline:                     # the static reference a user would run without the search
       batch_sizes: [96, 256, 512] # static AMP runs, alone, same epochs and seed (default: B, 2B, 4B)
       amp_dtypes: [bf16]          # default: train.amp_dtype ([] batch_sizes: no baseline)
+      capture: [false, true]      # eager and/or captured step (CUDA graphs); default [false]: eager
       accuracy_margin: 0.5        # pp a trial may fall below the reference baseline (default 0.5)
     params:                       # the searched keys (dotted TrainConfig paths)
       triaccel.precision.tau_low:  {distribution: loguniform, low: 1.0e-9, high: 1.0e-5}
@@ -49,7 +50,7 @@ from triaccel.errors import ConfigError
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "categorical")
 TOP_KEYS = {"name", "objective", "trials", "concurrency", "gpus_per_trial", "cpus_per_trial", "scheduler",
             "sampler", "seed", "grace_period", "train", "params", "description", "baseline"}
-BASELINE_KEYS = {"batch_sizes", "amp_dtypes", "accuracy_margin"}
+BASELINE_KEYS = {"batch_sizes", "amp_dtypes", "capture", "accuracy_margin"}
 PARAM_KEYS = {"distribution", "low", "high", "step", "choices", "above"}
 FRAC_SUFFIX = "@frac"  # Optuna's name for the position of an `above` parameter within its feasible range
 EPS = 1e-6
@@ -82,6 +83,7 @@ class SearchSpace:
     grace_period: int = 1
     baseline_batches: list = field(default_factory=list)
     baseline_dtypes: list = field(default_factory=list)
+    baseline_capture: list = field(default_factory=lambda: [False])
     margin: float = 0.5
     source: str = "<dict>"
     sha256: str = ""
@@ -153,15 +155,16 @@ class SearchSpace:
 
     def baseline_runs(self) -> list[tuple[str, dict]]:
         """(label, train dict) of every static AMP baseline: the space's train settings as they
-        are, in amp mode at each declared batch size and dtype."""
+        are, in amp mode at each declared batch size, dtype and step (eager / captured)."""
         out = []
-        for dt in self.baseline_dtypes:
-            for b in self.baseline_batches:
-                d = copy.deepcopy(self.train)
-                d.pop("triaccel", None)
-                d.update(mode="amp", amp_dtype=dt, batch_size=b, evaluate_test=False)
-                d["accum_steps"] = 1
-                out.append((f"amp-{dt}-B{b}", d))
+        for cap in self.baseline_capture:
+            for dt in self.baseline_dtypes:
+                for b in self.baseline_batches:
+                    d = copy.deepcopy(self.train)
+                    d.pop("triaccel", None)
+                    d.update(mode="amp", amp_dtype=dt, batch_size=b, evaluate_test=False, capture=cap)
+                    d["accum_steps"] = 1
+                    out.append((f"amp-{dt}-B{b}" + ("-captured" if cap else ""), d))
         return out
 
     @property
@@ -296,14 +299,15 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "") -> SearchS
         seed=opt("seed", int, 0),
         grace_period=opt("grace_period", int, 1, lambda v: v >= 1, "must be >= 1"),
         source=source, sha256=sha256, raw=copy.deepcopy(data))
-    space.baseline_batches, space.baseline_dtypes, space.margin = _baseline(src, data.get("baseline"), base)
+    (space.baseline_batches, space.baseline_dtypes, space.baseline_capture,
+     space.margin) = _baseline(src, data.get("baseline"), base)
     if space.grace_period > base.epochs:
         raise _err(src, "grace_period", f"must be <= train.epochs ({base.epochs})")
     return space
 
 
-def _baseline(src: str, spec, base: TrainConfig) -> tuple[list, list, float]:
-    """The ``baseline`` section: batch sizes, AMP dtypes and the accuracy margin, checked."""
+def _baseline(src: str, spec, base: TrainConfig) -> tuple[list, list, list, float]:
+    """The ``baseline`` section: batch sizes, AMP dtypes, steps and the accuracy margin, checked."""
     if spec is None:
         spec = {}
     if not isinstance(spec, dict):
@@ -320,10 +324,13 @@ def _baseline(src: str, spec, base: TrainConfig) -> tuple[list, list, float]:
     dtypes = spec.get("amp_dtypes", [default_dt])
     if not isinstance(dtypes, list) or not dtypes or not all(d in ("bf16", "fp16") for d in dtypes):
         raise _err(src, "baseline.amp_dtypes", f"must be a non-empty list of bf16 / fp16, got {dtypes!r}")
+    capture = spec.get("capture", [False])
+    if not isinstance(capture, list) or not capture or not all(isinstance(c, bool) for c in capture):
+        raise _err(src, "baseline.capture", f"must be a non-empty list of true / false, got {capture!r}")
     margin = _num(src, "baseline.accuracy_margin", spec.get("accuracy_margin", 0.5), "accuracy_margin")
     if margin < 0:
         raise _err(src, "baseline.accuracy_margin", f"must be >= 0 (percentage points), got {margin}")
-    return sorted(set(sizes)), list(dict.fromkeys(dtypes)), float(margin)
+    return sorted(set(sizes)), list(dict.fromkeys(dtypes)), list(dict.fromkeys(capture)), float(margin)
 
 
 def resolve_space_path(path: str) -> Path:

@@ -94,3 +94,21 @@ def test_failed_capture_goes_on_eager_and_says_why():
     assert t.graphs.disabled is not None and t.graphs.replays == 0
     assert any("[capture]" in line and "eager" in line for line in logs)
     assert t.history.epochs[-1]["val_acc"] > 20
+
+
+def test_a_space_declares_eager_and_captured_baselines():
+    """baseline.capture lists the static steps a search trains as baselines: eager (what a user
+    runs without us; the default) and captured. Trials must beat the best of them."""
+    from triaccel.config import TrainConfig, from_dict
+    from triaccel.search.space import parse_space
+
+    lr = {"optim.lr": {"distribution": "uniform", "low": 0.1, "high": 0.2}}
+    s = parse_space({"train": {"epochs": 2, "capture": True}, "params": lr,
+                     "baseline": {"batch_sizes": [64], "capture": [False, True]}}, source="s.yaml")
+    runs = dict(s.baseline_runs())
+    assert set(runs) == {"amp-bf16-B64", "amp-bf16-B64-captured"}
+    assert [from_dict(TrainConfig, runs[k]).capture for k in ("amp-bf16-B64", "amp-bf16-B64-captured")] == [False, True]
+    default = parse_space({"train": {"epochs": 2, "capture": True}, "params": lr}, source="s.yaml")
+    assert all(not d["capture"] for _, d in default.baseline_runs())  # the user's eager step by default
+    with pytest.raises(ConfigError, match="s.yaml: baseline.capture: must be a non-empty list of true / false"):
+        parse_space({"train": {"epochs": 2}, "params": lr, "baseline": {"capture": "yes"}}, source="s.yaml")
