@@ -7,7 +7,7 @@ import torch
 from conftest import small_cfg
 from triaccel.models import build_model, enable_checkpointing
 from triaccel.config import ModelConfig
-from triaccel.trainer import Callback, Trainer
+from triaccel.trainer import Callback, Decisions, Trainer
 
 
 def _params(model):
@@ -38,7 +38,7 @@ def test_accumulation_is_normalised_by_real_count_not_micro_batches():
     """A window of 9 in micro-batches 4+4+1 still gives the mean gradient of the 9 examples."""
     cfg = small_cfg(**{"model.name": "mlp", "batch_size": 9, "accum_steps": 3, "data.augment": False})
     t = Trainer(cfg).setup()
-    t.micro_batch = 4
+    t.apply(Decisions(micro_batch=4))
     ref = copy.deepcopy(t.model)
     grads = {}
 
@@ -178,3 +178,27 @@ def test_cudnn_autotuning_is_off_only_while_the_batch_is_elastic():
     assert not cudnn_benchmark_for(small_cfg(mode="triaccel"))  # memory-elastic batch on by default
     assert cudnn_benchmark_for(small_cfg(**{"mode": "triaccel", "triaccel.batch.enabled": False}))
     assert cudnn_benchmark_for(small_cfg(**{"mode": "triaccel", "cudnn_benchmark": True}))
+
+
+def test_apply_is_the_only_writer_of_the_adaptive_state():
+    """Controllers return Decisions; a callback writing the trainer's knobs directly is refused,
+    and a decision returned from a hook takes effect at the next step."""
+    t = Trainer(small_cfg(epochs=1)).setup()
+    for name, value in (("batch_size", 32), ("micro_batch", 8), ("batch_lr_factor", 2.0), ("lr_scales", (0.5,))):
+        with pytest.raises(AttributeError, match=f"Trainer.{name} changes only through Trainer.apply"):
+            setattr(t, name, value)
+    with pytest.raises(TypeError):
+        t.lr_scales[0] = 0.5  # a tuple: no writes in place either
+
+    seen = []
+
+    class Halve(Callback):
+        def on_step_end(self, tr, info):
+            seen.append(tr.batch_size)
+            return Decisions(batch_size=tr.batch_size // 2) if info.step == 2 else None
+
+    t = Trainer(small_cfg(epochs=1, batch_size=64), callbacks=[Halve()]).setup()
+    t.fit()
+    assert seen[:4] == [64, 64, 32, 32]
+    assert Decisions(batch_size=4, levels={"a": "fp16"}).merged(Decisions(levels={"b": "fp32"}, micro_batch=2)) == \
+        Decisions(batch_size=4, micro_batch=2, levels={"a": "fp16", "b": "fp32"})

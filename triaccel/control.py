@@ -13,6 +13,10 @@ Every ``control_every`` steps (T_ctrl), one host read, then in the paper's order
   4. batch size from memory feedback.
 Each decision is logged as one row of the trajectory (saved as JSON + CSV + plots).
 Each controller can be switched off alone (the paper's Table 2 ablation).
+
+The loop never writes into the trainer: each hook returns its ``Decisions`` (batch,
+micro-batch, lr multipliers, precision levels), which ``Trainer.apply`` puts into effect
+between steps, the one writer of that state.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ from triaccel.curvature import HessianProbe
 from triaccel.kernels import grad_stats, variance_ema
 from triaccel.measure import GiB, device_used_fraction, sync
 from triaccel.precision import DTYPES
-from triaccel.trainer import Callback
+from triaccel.trainer import Callback, Decisions
 
 
 class TriAccelLoop(Callback):
@@ -39,6 +43,7 @@ class TriAccelLoop(Callback):
         self.trajectory: list[dict] = []
         self.window = 0
         self.timing = {"stats_s": 0.0, "curvature_s": 0.0, "window_s": 0.0}
+        self.pending = Decisions()  # what the hook now running will return to Trainer.apply
 
     # ------------------------------------------------------------------ setup
     def on_setup(self, tr):
@@ -124,7 +129,28 @@ class TriAccelLoop(Callback):
         if self.curv is not None and self.cfg.curvature.method == "fisher":
             self.fisher_n += 1
 
-    def on_step_end(self, tr, info):
+    def on_step_end(self, tr, info) -> Decisions | None:
+        self.pending = Decisions()
+        self._step_end(tr, info)
+        return self._take()
+
+    def _take(self) -> Decisions | None:
+        d, self.pending = self.pending, Decisions()
+        return None if d == Decisions() else d
+
+    def _now(self, tr, name):
+        """A knob's value as this hook leaves it: the pending decision, else the trainer's."""
+        v = getattr(self.pending, name)
+        return getattr(tr, name) if v is None else v
+
+    def _levels_now(self, tr) -> list[str]:
+        lv = self.pending.levels or {}
+        return [lv.get(n, cur) for n, cur in zip(self.names, tr.precision.levels())]
+
+    def _lr_scale_now(self, tr) -> list[float]:
+        return list((self.pending.lr_scales or tr.lr_scales)[:self.L])
+
+    def _step_end(self, tr, info):
         step = info.step
         if self.batch is not None:
             if self.win_t is None:  # a window starts after this step (the first step's set-up is not timed)
@@ -146,20 +172,22 @@ class TriAccelLoop(Callback):
         elif self.batch is not None and self.batch.exploring and step % self.cfg.batch.explore_steps == 0:
             self._batch_window(tr, step)
 
-    def on_epoch_end(self, tr, metrics):
+    def on_epoch_end(self, tr, metrics) -> Decisions | None:
+        self.pending = Decisions()
         if self.batch is not None and self.batch.exploring:
             # the score counts the peak of every epoch after the first: exploring ends with it
             bd = self.batch.settle_now()
             self._apply_batch(tr, bd)
         metrics.update(self.summary())
         self.win_t = None  # evaluation ran in between: the next batch window starts afresh
+        return self._take()
 
-    def on_oom(self, tr, micro_batch):
+    def on_oom(self, tr, micro_batch) -> Decisions | None:
         if self.batch is not None:
             self.batch.on_oom(micro_batch)
             if self.cfg.batch.mode == "paper":
-                tr.batch_size = self.batch.batch
-                tr.batch_lr_factor = self.batch.lr_factor(self.initial_batch)
+                return Decisions(batch_size=self.batch.batch, batch_lr_factor=self.batch.lr_factor(self.initial_batch))
+        return None
 
     # ------------------------------------------------------------------ curvature
     def _refresh_curvature(self, tr):
@@ -193,8 +221,7 @@ class TriAccelLoop(Callback):
         dec = self.curv.update(eigs)
         self.lam = list(dec.lam)
         self.promote = list(dec.promote)
-        for i, s in enumerate(dec.lr_scale):
-            tr.lr_scales[i] = s
+        self.pending.lr_scales = tuple(dec.lr_scale)
 
     # ------------------------------------------------------------------ control window
     def _control_window(self, tr, step):
@@ -207,8 +234,7 @@ class TriAccelLoop(Callback):
         if self.prec is not None:
             dec = self.prec.update(var[:self.L], self.window, curvature=self.lam if self.curv else None,
                                    overflow=overflow[:self.L])
-            for name, lvl in zip(self.names, dec.levels):
-                tr.precision.set(name, lvl)
+            self.pending.levels = dict(zip(self.names, dec.levels))
             row["precision_changed"] = dec.changed
         peak = tr.meter.window_peak_bytes()
         row["peak_mem_gib"] = peak / GiB
@@ -217,9 +243,9 @@ class TriAccelLoop(Callback):
                 self.win_peak = max(self.win_peak, peak)  # mid-window: the batch window decides at its own end
             else:
                 row.update(self._batch_feedback(tr, peak))
-        row.update(batch_size=tr.batch_size, micro_batch=tr.micro_batch, lr_factor=tr.batch_lr_factor,
-                   levels=tr.precision.levels(), variance=var[:self.L], lam=list(self.lam),
-                   lr_scale=list(tr.lr_scales[:self.L]))
+        row.update(batch_size=self._now(tr, "batch_size"), micro_batch=self._now(tr, "micro_batch"),
+                   lr_factor=self._now(tr, "batch_lr_factor"), levels=self._levels_now(tr),
+                   variance=var[:self.L], lam=list(self.lam), lr_scale=self._lr_scale_now(tr))
         self.trajectory.append(row)
 
     def _batch_window(self, tr, step):
@@ -227,10 +253,11 @@ class TriAccelLoop(Callback):
         peak = tr.meter.window_peak_bytes()
         fb = self._batch_feedback(tr, peak)
         self.trajectory.append({"window": self.window, "step": step, "epoch": tr.epoch + 1,
-                                "peak_mem_gib": peak / GiB, **fb, "batch_size": tr.batch_size,
-                                "micro_batch": tr.micro_batch, "lr_factor": tr.batch_lr_factor,
-                                "levels": tr.precision.levels(), "variance": list(self.last_var),
-                                "lam": list(self.lam), "lr_scale": list(tr.lr_scales[:self.L])})
+                                "peak_mem_gib": peak / GiB, **fb, "batch_size": self._now(tr, "batch_size"),
+                                "micro_batch": self._now(tr, "micro_batch"),
+                                "lr_factor": self._now(tr, "batch_lr_factor"), "levels": self._levels_now(tr),
+                                "variance": list(self.last_var), "lam": list(self.lam),
+                                "lr_scale": self._lr_scale_now(tr)})
 
     def _batch_feedback(self, tr, peak: float) -> dict:
         """The window's peak and time per example -> the batch controller's decision, applied."""
@@ -255,12 +282,11 @@ class TriAccelLoop(Callback):
             msg = f"[batch] settled at B={bd.batch} (cost per example by size: " + ", ".join(
                 f"{k}: {v / GiB * 1e6:.3g}" for k, v in sorted(self.batch.costs.items())) + " GiB*us)"
             if tr.device.type == "cuda" and tr.cfg.cudnn_benchmark is None:
-                torch.backends.cudnn.benchmark = True  # one size from now on: autotune it once
+                self.pending.cudnn_benchmark = True  # one size from now on: autotune it once
                 msg += "; cuDNN autotuning on"
             self.log(msg)
-        tr.batch_size = bd.batch
-        tr.micro_batch = bd.micro_batch
-        tr.batch_lr_factor = self.batch.lr_factor(self.initial_batch)
+        self.pending = self.pending.merged(Decisions(batch_size=bd.batch, micro_batch=bd.micro_batch,
+                                                     batch_lr_factor=self.batch.lr_factor(self.initial_batch)))
 
     # ------------------------------------------------------------------ reporting
     def summary(self) -> dict:

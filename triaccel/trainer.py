@@ -57,15 +57,38 @@ class OutOfMemoryBeyondRecovery(TriAccelError):
     """Even a micro-batch of one example does not fit."""
 
 
+@dataclass
+class Decisions:
+    """Changes to the trainer's adaptive state that a callback asks for. Hooks return them;
+    ``Trainer.apply`` is the one writer of that state (batch, micro-batch, lr multipliers,
+    precision levels), so a decision takes effect at one point, between steps. None: unchanged."""
+    batch_size: int | None = None
+    micro_batch: int | None = None
+    batch_lr_factor: float | None = None
+    lr_scales: tuple | None = None  # multipliers of the first len(lr_scales) optimizer groups
+    levels: dict | None = None  # layer name -> fp16 | bf16 | fp32
+    cudnn_benchmark: bool | None = None
+
+    def merged(self, later: "Decisions | None") -> "Decisions":
+        """This decision updated by a later one (the later one's fields win)."""
+        if later is None:
+            return self
+        out = Decisions(**self.__dict__)
+        for k, v in later.__dict__.items():
+            if v is not None:
+                setattr(out, k, {**(out.levels or {}), **v} if k == "levels" else v)
+        return out
+
+
 class Callback:
-    """Hook points. Each method receives the trainer; callbacks adjust its knobs
-    (``batch_size``, ``micro_batch``, ``lr_scales``, ``batch_lr_factor``, ``precision``)."""
+    """Hook points. Each receives the trainer; it reads it, and asks for changes by returning
+    ``Decisions`` from ``on_step_end``, ``on_oom`` and ``on_epoch_end`` (None: no change)."""
 
     def on_setup(self, trainer: "Trainer") -> None: ...
     def on_grads_ready(self, trainer: "Trainer", n_examples: int) -> None: ...
-    def on_step_end(self, trainer: "Trainer", step: "StepInfo") -> None: ...
-    def on_oom(self, trainer: "Trainer", micro_batch: int) -> None: ...
-    def on_epoch_end(self, trainer: "Trainer", metrics: dict) -> None: ...
+    def on_step_end(self, trainer: "Trainer", step: "StepInfo") -> "Decisions | None": ...
+    def on_oom(self, trainer: "Trainer", micro_batch: int) -> "Decisions | None": ...
+    def on_epoch_end(self, trainer: "Trainer", metrics: dict) -> "Decisions | None": ...
     def on_fit_end(self, trainer: "Trainer", summary: dict) -> None: ...
     def state_dict(self) -> dict: return {}
     def load_state_dict(self, state: dict) -> None: ...
@@ -148,7 +171,16 @@ def param_groups(model: nn.Module, per_layer: bool) -> list[dict]:
     return groups
 
 
+ADAPTIVE = frozenset({"batch_size", "micro_batch", "batch_lr_factor", "lr_scales"})
+
+
 class Trainer:
+    def __setattr__(self, name, value):
+        # After setup, the adaptive state changes only through apply(): one point, between steps.
+        if name in ADAPTIVE and self.__dict__.get("_sealed") and not self.__dict__.get("_applying"):
+            raise AttributeError(f"Trainer.{name} changes only through Trainer.apply (return Decisions from a hook)")
+        object.__setattr__(self, name, value)
+
     def __init__(self, cfg: TrainConfig, callbacks: list[Callback] | None = None, log: Callable = print,
                  oom_probe: Callable[[int], None] | None = None):
         self.cfg = cfg
@@ -205,7 +237,7 @@ class Trainer:
         groups = param_groups(self.model, per_layer=cfg.mode == "triaccel")
         self.optimizer = self._make_optimizer(groups)
         self.group_names = [g["name"] for g in self.optimizer.param_groups]
-        self.lr_scales = [1.0] * len(groups)  # per-group multipliers (curvature controller)
+        self.lr_scales = (1.0,) * len(groups)  # per-group multipliers (curvature controller)
         self.batch_lr_factor = 1.0  # memory-elastic batch (paper mode) lr rule
         n_train = len(self.train_data)
         self.schedule = WarmupCosine(cfg.epochs * n_train, int(cfg.optim.warmup_epochs * n_train))
@@ -225,9 +257,34 @@ class Trainer:
         self.epoch = 0
         self.history = History()
         self.oom_events = 0
+        self._sealed = True  # from here on, apply() is the one writer of the adaptive state
         for cb in self.callbacks:
             cb.on_setup(self)
         return self
+
+    def apply(self, d: Decisions | None) -> None:
+        """The one point where the adaptive state changes (controllers' decisions, OOM splits,
+        restored checkpoints). Called between steps; the next step uses the new values."""
+        if d is None:
+            return
+        self._applying = True
+        try:
+            if d.batch_size is not None:
+                self.batch_size = int(d.batch_size)
+            if d.micro_batch is not None:
+                self.micro_batch = int(d.micro_batch)
+            if d.batch_lr_factor is not None:
+                self.batch_lr_factor = float(d.batch_lr_factor)
+            if d.lr_scales is not None:
+                k = len(d.lr_scales)
+                self.lr_scales = tuple(float(x) for x in d.lr_scales) + tuple(self.lr_scales[k:])
+        finally:
+            self._applying = False
+        if d.levels and self.precision is not None:
+            for name, lvl in d.levels.items():
+                self.precision.set(name, lvl)
+        if d.cudnn_benchmark is not None and self.device.type == "cuda":
+            torch.backends.cudnn.benchmark = d.cudnn_benchmark
 
     def _make_optimizer(self, groups):
         """torch.optim for fp32/amp; in triaccel mode the fused one-launch kernels on CUDA
@@ -270,7 +327,7 @@ class Trainer:
             self.history.epochs.append(metrics)
             self.epoch += 1
             for cb in self.callbacks:
-                cb.on_epoch_end(self, metrics)
+                self.apply(cb.on_epoch_end(self, metrics))
         summary = self.summary()
         if self.cfg.evaluate_test:
             summary["test_acc"], summary["test_loss"] = self.evaluate(self.test_data)
@@ -363,7 +420,7 @@ class Trainer:
             self.meter.set_persistent(self.model, self.optimizer)
         info = StepInfo(self.step_count, n, skipped, use_scaler)
         for cb in self.callbacks:
-            cb.on_step_end(self, info)
+            self.apply(cb.on_step_end(self, info))
         return loss, info
 
     def _zero_grads(self) -> None:
@@ -407,12 +464,12 @@ class Trainer:
         failed = self.micro_batch
         if failed <= 1:
             raise OutOfMemoryBeyondRecovery(f"out of memory with a micro-batch of 1 at step {self.step_count}")
-        self.micro_batch = max(1, failed // 2)
+        self.apply(Decisions(micro_batch=max(1, failed // 2)))
         self.oom_events += 1
         self.log(f"[memory] out of memory at micro-batch {failed}: retrying the same examples in "
                  f"micro-batches of {self.micro_batch}")
         for cb in self.callbacks:
-            cb.on_oom(self, failed)
+            self.apply(cb.on_oom(self, failed))
 
     # ================================================================== evaluation
     @torch.no_grad()
@@ -453,7 +510,7 @@ class Trainer:
                 "scaler": self.scaler.state_dict(), "schedule": self.schedule.state_dict(),
                 "sampler": self.sampler.state_dict(), "epoch": self.epoch, "step_count": self.step_count,
                 "history": self.history.epochs, "batch_size": self.batch_size, "micro_batch": self.micro_batch,
-                "lr_scales": self.lr_scales, "batch_lr_factor": self.batch_lr_factor,
+                "lr_scales": list(self.lr_scales), "batch_lr_factor": self.batch_lr_factor,
                 "precision": self.precision.levels() if self.precision else None,
                 "callbacks": [cb.state_dict() for cb in self.callbacks],
                 "rng": {"torch": torch.get_rng_state(), "data": self.train_data.gen.get_state()}}
@@ -466,11 +523,10 @@ class Trainer:
         self.sampler.load_state_dict(s["sampler"])
         self.epoch, self.step_count = s["epoch"], s["step_count"]
         self.history.epochs = list(s["history"])
-        self.batch_size, self.micro_batch = s["batch_size"], s["micro_batch"]
-        self.lr_scales, self.batch_lr_factor = list(s["lr_scales"]), s["batch_lr_factor"]
-        if self.precision and s["precision"]:
-            for name, lvl in zip(self.precision.names, s["precision"]):
-                self.precision.set(name, lvl)
+        self.apply(Decisions(batch_size=s["batch_size"], micro_batch=s["micro_batch"],
+                             batch_lr_factor=s["batch_lr_factor"], lr_scales=tuple(s["lr_scales"]),
+                             levels=dict(zip(self.precision.names, s["precision"]))
+                             if self.precision and s["precision"] else None))
         for cb, st in zip(self.callbacks, s["callbacks"]):
             cb.load_state_dict(st)
         torch.set_rng_state(s["rng"]["torch"])
