@@ -210,3 +210,37 @@ def test_controllers_off_dispatch_exactly_what_static_amp_dispatches():
     amp = Trainer(small_cfg(mode="amp", amp_dtype="bf16"), log=lambda *a: None).setup()
     tri, _ = tri_trainer(**off, **{"triaccel.control_every": 1000})  # per-step cost, no window in between
     assert _aten_ops_per_step(tri) == _aten_ops_per_step(amp)
+
+
+@pytest.mark.parametrize("over", [{"triaccel.curvature.method": "fisher", "triaccel.curvature.every": 7},
+                                  {"triaccel.curvature.every": 7, "triaccel.curvature.probe": "batched"},
+                                  {"triaccel.curvature.method": "fisher", "triaccel.batch.policy": "score"}],
+                         ids=["fisher", "power-batched", "score-batch"])
+def test_resume_mid_run_continues_exactly(tmp_path, over):
+    """Killed after epoch 2 and resumed from its checkpoint, a run ends with the same weights as
+    one never interrupted (#14 case 5): RNG streams, the probe's sign stream, mid-window
+    statistics (Fisher accumulator, overflow counts) and the controllers travel in the checkpoint."""
+    from triaccel.trainer import Callback
+
+    class StopAfter(Callback):
+        def __init__(self, n):
+            self.n = n
+
+        def on_epoch_end(self, tr, m):
+            tr.stop = self.n is not None and tr.epoch == self.n
+
+    def run(stop=None, load=None):
+        cfg = small_cfg(**{**TRI, "epochs": 3, "triaccel.control_every": 5, **over})
+        t = Trainer(cfg, callbacks=[TriAccelLoop(cfg.triaccel, log=lambda *a: None), StopAfter(stop)],
+                    log=lambda *a: None).setup()
+        if load:
+            t.load(load)
+        t.fit()
+        return t
+
+    full = run()
+    run(stop=2).save(tmp_path / "ck.pt")
+    resumed = run(load=tmp_path / "ck.pt")
+    assert [e["val_acc"] for e in resumed.history.epochs] == [e["val_acc"] for e in full.history.epochs]
+    for a, b in zip(full.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a.detach(), b.detach())

@@ -318,7 +318,11 @@ class TriAccelLoop(Callback):
                 "prec": self.prec.state_dict() if self.prec else None,
                 "curv": self.curv.state_dict() if self.curv else None,
                 "batch": self.batch.state_dict() if self.batch else None,
-                "probe": self.probe.state_dict() if self.probe else None}
+                "probe": self.probe.state_dict() if self.probe else None,
+                # mid-window accumulators and the probe's batch stream: a resumed run continues exactly
+                "fisher_acc": self.fisher_acc.cpu(), "fisher_n": self.fisher_n, "nonfinite": self.nonfinite.cpu(),
+                "last_var": list(self.last_var),
+                "probe_gen": self.probe_gen.get_state() if self.probe is not None else None}
 
     def load_state_dict(self, s: dict) -> None:
         self.window, self.trajectory = s["window"], list(s["trajectory"])
@@ -327,4 +331,10 @@ class TriAccelLoop(Callback):
         for obj, key in ((self.prec, "prec"), (self.curv, "curv"), (self.batch, "batch"), (self.probe, "probe")):
             if obj is not None and s.get(key) is not None:
                 obj.load_state_dict(s[key])
+        if "fisher_acc" in s:  # checkpoints from before these were saved resume without them
+            self.fisher_acc.copy_(s["fisher_acc"].to(self.fisher_acc.device))
+            self.nonfinite.copy_(s["nonfinite"].to(self.nonfinite.device))
+            self.fisher_n, self.last_var = s["fisher_n"], list(s["last_var"])
+            if self.probe is not None and s.get("probe_gen") is not None:
+                self.probe_gen.set_state(s["probe_gen"])
 

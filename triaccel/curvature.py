@@ -312,11 +312,14 @@ class HessianProbe:
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
+        gen = self.gen.get_state()  # the batched probe's random signs: a resumed run draws the same ones
         if self.V is None:
-            return {"V": [None] * len(self.dims)}
-        return {"V": [self.layer_basis(li).cpu() for li in range(len(self.dims))]}
+            return {"V": [None] * len(self.dims), "gen": gen}
+        return {"V": [self.layer_basis(li).cpu() for li in range(len(self.dims))], "gen": gen}
 
     def load_state_dict(self, s: dict) -> None:
+        if s.get("gen") is not None:
+            self.gen.set_state(s["gen"])
         Vs = list(s["V"])
         if any(v is None for v in Vs):
             self.V = None

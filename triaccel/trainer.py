@@ -513,7 +513,9 @@ class Trainer:
                 "lr_scales": list(self.lr_scales), "batch_lr_factor": self.batch_lr_factor,
                 "precision": self.precision.levels() if self.precision else None,
                 "callbacks": [cb.state_dict() for cb in self.callbacks],
-                "rng": {"torch": torch.get_rng_state(), "data": self.train_data.gen.get_state()}}
+                "rng": {"torch": torch.get_rng_state(), "data": self.train_data.gen.get_state(),
+                        "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
+                        "python": random.getstate(), "numpy": np.random.get_state()}}
 
     def load_state_dict(self, s: dict) -> None:
         self.model.load_state_dict(s["model"])
@@ -531,6 +533,11 @@ class Trainer:
             cb.load_state_dict(st)
         torch.set_rng_state(s["rng"]["torch"])
         self.train_data.gen.set_state(s["rng"]["data"])
+        if s["rng"].get("cuda") is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(s["rng"]["cuda"].cpu(), self.device)
+        if s["rng"].get("python") is not None:
+            random.setstate(s["rng"]["python"])
+            np.random.set_state(s["rng"]["numpy"])
 
     def save(self, path) -> None:
         tmp = f"{path}.tmp"
