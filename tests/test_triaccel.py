@@ -244,3 +244,31 @@ def test_resume_mid_run_continues_exactly(tmp_path, over):
     assert [e["val_acc"] for e in resumed.history.epochs] == [e["val_acc"] for e in full.history.epochs]
     for a, b in zip(full.model.parameters(), resumed.model.parameters()):
         assert torch.equal(a.detach(), b.detach())
+
+
+def test_out_of_memory_in_the_hessian_probe_degrades_and_the_run_goes_on():
+    """#14 case 13: an OOM inside the curvature probe skips that refresh, halves the probe batch
+    and says so; at a probe batch of one the refreshes stop. The run finishes every epoch."""
+    logs = []
+    t, loop = tri_trainer(log=logs.append, **{"epochs": 2, "triaccel.curvature.batch": 16})
+    real = loop.probe.estimate
+
+    def budget(limit):  # an injected memory budget, as the trainer's oom_probe does for steps
+        def estimate(loss_fn, **kw):
+            if len(loop.probe_batch[0]) > limit:
+                raise torch.OutOfMemoryError("injected: probe batch over budget")
+            return real(loss_fn, **kw)
+        return estimate
+
+    loop.probe.estimate = budget(4)
+    t.fit()
+    assert len(t.history.epochs) == 2
+    assert loop.probe_bs == 4 and loop.probe_ooms == 2  # 16 -> 8 -> 4, then refreshes succeed
+    assert any("[curvature] out of memory in the Hessian probe at batch 16" in m for m in logs)
+    assert any(x > 0 for x in loop.lam)  # a refresh at batch 4 ran
+
+    t, loop = tri_trainer(log=(logs := []).append, **{"epochs": 1, "triaccel.curvature.batch": 2})
+    loop.probe.estimate = budget(0)  # nothing fits
+    t.fit()
+    assert loop.probe_bs == 0 and len(t.history.epochs) == 1
+    assert any("curvature refreshes are off" in m for m in logs)

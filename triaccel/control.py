@@ -20,6 +20,7 @@ between steps, the one writer of that state.
 """
 from __future__ import annotations
 
+import gc
 import time
 from pathlib import Path
 
@@ -44,6 +45,7 @@ class TriAccelLoop(Callback):
         self.window = 0
         self.timing = {"stats_s": 0.0, "curvature_s": 0.0, "window_s": 0.0}
         self.pending = Decisions()  # what the hook now running will return to Trainer.apply
+        self.probe_ooms = 0
 
     # ------------------------------------------------------------------ setup
     def on_setup(self, tr):
@@ -81,6 +83,7 @@ class TriAccelLoop(Callback):
                                       mode=c.curvature.probe, seed=tr.cfg.seed, graphs=c.curvature.graphs,
                                       log=self.log)
             self.probe_batch: tuple[torch.Tensor, torch.Tensor] | None = None  # fixed buffers: graph-capturable
+            self.probe_bs = c.curvature.batch  # halved after an out-of-memory probe
             self.probe_gen = torch.Generator().manual_seed(tr.cfg.seed + 17)
         self.promote = [False] * self.L
         self.lam = [0.0] * self.L
@@ -200,8 +203,10 @@ class TriAccelLoop(Callback):
             self.fisher_n = 0
             eigs = [[x] for x in lam]
         else:
+            if self.probe_bs == 0:
+                return  # switched off after running out of memory at a probe batch of one
             n = len(tr.train_data)
-            idx = torch.randperm(n, generator=self.probe_gen)[:c.batch]  # never the sampler's examples
+            idx = torch.randperm(n, generator=self.probe_gen)[:self.probe_bs]  # never the sampler's examples
             x, y = tr.train_data.batch(idx, train=False)
             if self.probe_batch is None or self.probe_batch[0].shape != x.shape:
                 self.probe_batch = (x.clone(), y.clone())
@@ -216,12 +221,37 @@ class TriAccelLoop(Callback):
 
             # every layer at probe_dtype (bf16: tensor-core products; where bf16 is unsupported, the
             # precision runtime's stated fallback)
-            with tr.precision.force(DTYPES[tr.precision.fallback[c.probe_dtype]]):
-                eigs = self.probe.estimate(loss_fn, static_inputs=True)
+            eigs = None
+            try:
+                with tr.precision.force(DTYPES[tr.precision.fallback[c.probe_dtype]]):
+                    eigs = self.probe.estimate(loss_fn, static_inputs=True)
+            except torch.OutOfMemoryError:
+                pass  # handled below, outside the except block that holds the probe's tensors
+            if eigs is None:
+                self._probe_out_of_memory(tr)
+                return
         dec = self.curv.update(eigs)
         self.lam = list(dec.lam)
         self.promote = list(dec.promote)
         self.pending.lr_scales = tuple(dec.lr_scale)
+
+    def _probe_out_of_memory(self, tr):
+        """The Hessian probe ran out of memory: this refresh is skipped (the per-layer lr keeps its
+        last values), the probe batch halves, and at a batch of one the refreshes stop. Said once
+        per event; the run goes on."""
+        gc.collect()
+        if tr.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.probe.drop_graph()
+        self.probe_batch = None
+        failed, self.probe_bs = self.probe_bs, self.probe_bs // 2
+        self.probe_ooms += 1
+        if self.probe_bs:
+            self.log(f"[curvature] out of memory in the Hessian probe at batch {failed}: refresh skipped, "
+                     f"probe batch now {self.probe_bs}")
+        else:
+            self.log("[curvature] out of memory in the Hessian probe at batch 1: curvature refreshes are off, "
+                     "the per-layer lr keeps its last values")
 
     # ------------------------------------------------------------------ control window
     def _control_window(self, tr, step):
@@ -297,7 +327,8 @@ class TriAccelLoop(Callback):
         return {"ctrl_windows": len(self.trajectory), "ctrl_batch_size": last["batch_size"],
                 "ctrl_fp16_layers": lv.count("fp16"), "ctrl_bf16_layers": lv.count("bf16"),
                 "ctrl_fp32_layers": lv.count("fp32"),
-                "ctrl_lr_scale_min": min(last["lr_scale"]) if last["lr_scale"] else 1.0}
+                "ctrl_lr_scale_min": min(last["lr_scale"]) if last["lr_scale"] else 1.0,
+                "ctrl_probe_ooms": self.probe_ooms}
 
     def write_artifacts(self, folder: Path) -> list[Path]:
         from triaccel.report import write_trajectory
@@ -321,7 +352,7 @@ class TriAccelLoop(Callback):
                 "probe": self.probe.state_dict() if self.probe else None,
                 # mid-window accumulators and the probe's batch stream: a resumed run continues exactly
                 "fisher_acc": self.fisher_acc.cpu(), "fisher_n": self.fisher_n, "nonfinite": self.nonfinite.cpu(),
-                "last_var": list(self.last_var),
+                "last_var": list(self.last_var), "probe_bs": getattr(self, "probe_bs", None),
                 "probe_gen": self.probe_gen.get_state() if self.probe is not None else None}
 
     def load_state_dict(self, s: dict) -> None:
@@ -335,6 +366,8 @@ class TriAccelLoop(Callback):
             self.fisher_acc.copy_(s["fisher_acc"].to(self.fisher_acc.device))
             self.nonfinite.copy_(s["nonfinite"].to(self.nonfinite.device))
             self.fisher_n, self.last_var = s["fisher_n"], list(s["last_var"])
+            if s.get("probe_bs") is not None:
+                self.probe_bs = s["probe_bs"]
             if self.probe is not None and s.get("probe_gen") is not None:
                 self.probe_gen.set_state(s["probe_gen"])
 
