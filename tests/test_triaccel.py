@@ -272,3 +272,15 @@ def test_out_of_memory_in_the_hessian_probe_degrades_and_the_run_goes_on():
     t.fit()
     assert loop.probe_bs == 0 and len(t.history.epochs) == 1
     assert any("curvature refreshes are off" in m for m in logs)
+
+
+def test_probe_auto_is_exact_for_shallow_models_and_batched_for_deep_ones():
+    """#14 case 15: the default probe must leave every shipped model usable. Exact probes cost one
+    Hessian-vector product per layer (EfficientNet-B0: 82 layers, no epoch in 170 s at 224 px on
+    the H200); auto keeps them for shallow models and says when it switches to batched."""
+    t, loop = tri_trainer(**{"epochs": 1})
+    assert t.cfg.triaccel.curvature.probe == "auto" and loop.probe.mode == "exact"
+    logs = []
+    t, loop = tri_trainer(log=logs.append, **{"epochs": 1, "model.name": "efficientnet_b0", "data.image_size": 32})
+    assert loop.L > 32 and loop.probe.mode == "batched"
+    assert any("probe auto: batched for" in m for m in logs)

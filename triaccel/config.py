@@ -110,7 +110,11 @@ class CurvatureConfig:
 
     enabled: bool = True
     method: Literal["power", "fisher"] = "power"  # power: Hessian subspace iteration; fisher: free proxy from grad stats
-    probe: Literal["exact", "batched"] = "exact"  # power: one HVP per layer and vector, or sign-mixed shared HVPs
+    # power: exact (one HVP per layer and vector: accurate, cost grows with the layer count), batched
+    # (sign-mixed HVPs shared by all layers: k per iteration whatever the depth, biased ~1.4x), or auto:
+    # exact up to 32 layers (ResNet-18: 21), batched above (EfficientNet-B0: 82 layers; exact at 224 px
+    # finished no epoch in 170 s on the H200)
+    probe: Literal["auto", "exact", "batched"] = "auto"
     probe_dtype: Literal["fp32", "bf16"] = "fp32"  # precision of the probe's forward and products
     graphs: bool = True  # power on CUDA: capture one probe iteration in a CUDA graph, replay it (no host cost)
     alpha: float = 0.01

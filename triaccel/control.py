@@ -36,6 +36,9 @@ from triaccel.precision import DTYPES
 from triaccel.trainer import Callback, Decisions
 
 
+EXACT_PROBE_MAX_LAYERS = 32  # probe: auto picks exact up to this many layers, batched above
+
+
 class TriAccelLoop(Callback):
     def __init__(self, cfg: TriAccelConfig, log=print, shared_trials: int = 1):
         self.cfg = cfg
@@ -78,9 +81,15 @@ class TriAccelLoop(Callback):
         self.curv = CurvatureController(c.curvature, self.L) if c.curvature.enabled else None
         self.probe = None
         if self.curv is not None and c.curvature.method == "power":
+            probe_mode = c.curvature.probe
+            if probe_mode == "auto":
+                probe_mode = "exact" if self.L <= EXACT_PROBE_MAX_LAYERS else "batched"
+                if probe_mode == "batched":
+                    self.log(f"[curvature] probe auto: batched for {self.L} layers (exact costs one Hessian-vector "
+                             f"product per layer; set triaccel.curvature.probe: exact to insist)")
             self.probe = HessianProbe(tr.model, [list(m.parameters(recurse=False)) for _, m in rt.layers],
                                       top_k=c.curvature.top_k, max_iters=c.curvature.max_iters, tol=c.curvature.tol,
-                                      mode=c.curvature.probe, seed=tr.cfg.seed, graphs=c.curvature.graphs,
+                                      mode=probe_mode, seed=tr.cfg.seed, graphs=c.curvature.graphs,
                                       log=self.log)
             self.probe_batch: tuple[torch.Tensor, torch.Tensor] | None = None  # fixed buffers: graph-capturable
             self.probe_bs = c.curvature.batch  # halved after an out-of-memory probe

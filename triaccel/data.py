@@ -232,8 +232,14 @@ def _decode_folder(files: list[Path], labels: list[int], classes: list, size: in
     cached = _load_cache(cache, len(files), size, y)
     if cached is not None:
         return cached
-    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as ex:
-        arrays = list(ex.map(lambda p: _decode(p, size), files))
+    from triaccel.progress import bar
+
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as ex, \
+            bar(len(files), f"decoding {len(files)} images ({size}px, cached afterwards)", "img") as pb:
+        arrays = []
+        for a in ex.map(lambda p: _decode(p, size), files):
+            arrays.append(a)
+            pb.update()
     x = torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
     # a private temporary name (concurrent trials may decode the same split), then an atomic rename: a crash
     # mid-write never leaves a half cache. The cache only saves time: failing to write it is not an error.

@@ -46,6 +46,7 @@ from triaccel.measure import GiB, MemoryMeter, sync
 from triaccel.metrics import efficiency_score, steady_epoch_time
 from triaccel.models import build_model, enable_checkpointing
 from triaccel.precision import DTYPES, PrecisionRuntime, layer_modules
+from triaccel.progress import bar as progress_bar
 from triaccel.schedule import WarmupCosine
 
 
@@ -343,6 +344,7 @@ class Trainer:
         self.meter.set_persistent(self.model, self.optimizer)
         loss_sum = torch.zeros((), device=self.device)
         n_seen, steps, skipped = 0, 0, 0
+        pb = progress_bar(self.sampler.remaining, f"epoch {self.epoch + 1}/{self.cfg.epochs}", "img")
         sync(self.device)
         t0 = time.perf_counter()
         while self.sampler.remaining and not self.stop:
@@ -352,10 +354,12 @@ class Trainer:
             n_seen += info.n_examples
             steps += 1
             skipped += info.skipped
+            pb.update(info.n_examples)
             if self.step_count % self.cfg.triaccel.control_every == 0:
                 self._check_finite(loss_sum)
         sync(self.device)
         epoch_time = time.perf_counter() - t0
+        pb.close()
         mem = self.meter.epoch_peaks()  # before evaluation: its larger batches are not training memory
 
         train_loss = float(loss_sum) / max(1, n_seen)
