@@ -8,6 +8,8 @@ same checks; each section's ``__post_init__`` adds the value checks that types c
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,7 +71,7 @@ class OptimConfig:
     clip_grad_norm: Optional[float] = None  # None: no clipping
 
     def __post_init__(self):
-        _check(self.lr > 0, "optim.lr", f"must be > 0, got {self.lr}")
+        _check(self.lr > 0 and math.isfinite(self.lr), "optim.lr", f"must be > 0 and finite, got {self.lr}")
         _check(0 <= self.momentum < 1, "optim.momentum", "must be in [0, 1)")
         _check(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
         _check(self.warmup_epochs >= 0, "optim.warmup_epochs", "must be >= 0")
@@ -207,6 +209,9 @@ class TrackingConfig:
     experiment: str = "triaccel-train"
     run_name: Optional[str] = None
 
+    def __post_init__(self):
+        _check(bool(self.experiment and self.experiment.strip()), "tracking.experiment", "must be a non-empty name")
+
 
 @dataclass
 class TrainConfig:
@@ -250,8 +255,9 @@ class TrainConfig:
         _check(self.mode != "amp" or self.amp_dtype != "fp32", "amp_dtype", "amp mode needs bf16 or fp16")
         _check(self.memory_limit_fraction is None or 0 < self.memory_limit_fraction <= 1,
                "memory_limit_fraction", "must be in (0, 1]")
-        _check(self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
+        _check(re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None,
                "device", f"must be auto, cpu or cuda[:N], got {self.device!r}")
+        _check(0 <= self.seed < 2**32, "seed", f"must be in [0, 2**32), got {self.seed}")
 
 
 # --------------------------------------------------------------------------- conversion

@@ -265,6 +265,7 @@ def _imagefolder(cfg: DataConfig) -> tuple[ImageSet, ImageSet, list]:
     # both splits are listed and checked before anything is decoded: bad data fails in seconds, not after a decode
     train_files, train_labels, classes = _list_images(root / "train", None)
     test_files, test_labels, _ = _list_images(root / "test", classes)
+    _check_fits(len(train_files) + len(test_files), 3, size)
     train = _decode_folder(train_files, train_labels, classes, size, cache_dir)
     test = _decode_folder(test_files, test_labels, classes, size, cache_dir)
     return train, test, classes
@@ -284,6 +285,7 @@ def load_splits(cfg: DataConfig) -> Splits:
         raise DataError(f"data.name: unknown dataset {cfg.name!r} (valid: {', '.join(sorted(DATASETS))})")
     train_full, test, classes = DATASETS[cfg.name](cfg)
     if cfg.image_size and cfg.name != "imagefolder" and train_full.images.shape[-1] != cfg.image_size:
+        _check_fits(len(train_full) + len(test), train_full.images.shape[1], cfg.image_size, as_float=True)
         train_full = ImageSet(_resize_u8(train_full.images, cfg.image_size), train_full.labels)
         test = ImageSet(_resize_u8(test.images, cfg.image_size), test.labels)
     keep, held = stratified_split(train_full.labels, cfg.val_fraction, seed=cfg.split_seed)
@@ -294,6 +296,19 @@ def load_splits(cfg: DataConfig) -> Splits:
     mean = tuple(xf.mean(dim=(0, 2, 3)).tolist())
     std = tuple(xf.std(dim=(0, 2, 3)).clamp_min(1e-3).tolist())
     return Splits(train, val, test, classes, mean, std)
+
+
+def _check_fits(n_images: int, channels: int, size: int, as_float: bool = False) -> None:
+    """data.image_size: refuse, in one line, a size whose decoded dataset cannot fit in this
+    machine's memory (instead of an allocator traceback minutes later)."""
+    need = n_images * channels * size * size * (4 if as_float else 1)
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    if need > have:
+        raise DataError(f"data.image_size: {size} px needs {need / 2**30:,.0f} GiB for {n_images:,} images "
+                        f"(this machine has {have / 2**30:,.0f} GiB)")
 
 
 def _resize_u8(x: torch.Tensor, size: int) -> torch.Tensor:

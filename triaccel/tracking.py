@@ -13,11 +13,13 @@ import os
 import subprocess
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
 
 from triaccel.config import flatten, to_dict
+from triaccel.errors import ConfigError
 from triaccel.trainer import Callback
 
 DEFAULT_URI = "sqlite:///mlruns/mlflow.db"
@@ -39,14 +41,81 @@ def artifact_location(uri: str) -> str | None:
     return None
 
 
-def client(uri: str | None = None):
+_USABLE: set = set()  # stores checked in this process
+
+
+def client(uri: str | None = None, key: str = "tracking.tracking_uri"):
+    """An MlflowClient on the store, checked once per process (``check_store``)."""
     import logging
 
     for name in ("alembic", "mlflow.store.db.utils"):
         logging.getLogger(name).setLevel(logging.WARNING)
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri=tracking_uri(uri))
+    u = tracking_uri(uri)
+    if u not in _USABLE:
+        check_store(u, key)
+        _USABLE.add(u)
+    return MlflowClient(tracking_uri=u)
+
+
+STORE_SCHEMES = {"", "file", "sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks"}
+
+
+@contextmanager
+def _store_lock(uri: str):
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    import fcntl
+
+    db = Path(uri[len("sqlite:///"):])
+    try:
+        db.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(f"{db}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+    except OSError as e:
+        raise ConfigError(f"tracking.tracking_uri: cannot use the MLflow store {uri} "
+                          f"({db.parent}: {e.strerror or e})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def check_store(uri: str, key: str = "tracking.tracking_uri") -> None:
+    """One line naming ``key`` when the store cannot be used, before anything is trained: an
+    unknown scheme, a path that cannot hold a store, or a server that does not answer (MLflow's
+    own client retries an unreachable server for minutes)."""
+    import urllib.error
+    import urllib.request
+    from urllib.parse import urlparse
+
+    from mlflow.tracking import MlflowClient
+
+    scheme = urlparse(uri).scheme
+    if scheme.split("+")[0] not in STORE_SCHEMES:  # postgresql+psycopg2: a driver after the +
+        raise ConfigError(f"{key}: unknown MLflow store scheme {scheme!r} in {uri} "
+                          f"(use sqlite:///PATH, http(s)://HOST:PORT or a database URI)")
+    if scheme in ("http", "https"):
+        try:
+            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5).close()
+        except urllib.error.HTTPError:
+            pass  # a server answered (a proxy may not route /health): MLflow's own calls will tell
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise ConfigError(f"{key}: no MLflow server answers at {uri} ({reason})") from None
+        return
+    try:
+        # A fresh sqlite store is created (schema migrations) by the first client: under a file lock,
+        # so two searches started together on a new store do not race in the migrations (#14 case 8).
+        with _store_lock(uri):
+            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- MLflow raises many kinds here; all mean "not usable"
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{key}: cannot use the MLflow store {uri} ({msg[:200]})") from None
 
 
 def ensure_experiment(c, name: str) -> str:

@@ -1,0 +1,79 @@
+"""Values that used to reach torch, the OS or MLflow unchecked (#14, "the next ten"): each is one
+line naming the key, exit status 2, no traceback, and nothing trained or written."""
+import multiprocessing as mp
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from triaccel.errors import ConfigError
+
+
+def _train(tmp_path, *sets):
+    cmd = [sys.executable, "-m", "triaccel.cli", "train", "--config", str(ROOT / "configs" / "quickstart.yaml"),
+           "--set", "epochs=1", "--set", "evaluate_test=false",
+           "--set", f"tracking.tracking_uri=sqlite:///{tmp_path}/m.db"]
+    for s in sets:
+        cmd += ["--set", s]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+
+
+def _closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.mark.parametrize("setting,match", [
+    ("seed=-1", "seed: must be in [0, 2**32), got -1"),
+    ("seed=99999999999999", "seed: must be in [0, 2**32)"),
+    ("device=cuda:abc", "device: must be auto, cpu or cuda[:N], got 'cuda:abc'"),
+    ("optim.lr=.inf", "optim.lr: must be > 0 and finite, got inf"),
+    ("data.image_size=100000", "data.image_size: 100000 px needs"),
+    ("tracking.experiment=''", "tracking.experiment: must be a non-empty name"),
+    ("tracking.tracking_uri=foo://bar", "tracking.tracking_uri: unknown MLflow store scheme 'foo'"),
+    ("tracking.tracking_uri=sqlite:////proc/no/such.db", "tracking.tracking_uri: cannot use the MLflow store"),
+    ("tracking.tracking_uri=http://127.0.0.1:{port}", "tracking.tracking_uri: no MLflow server answers at"),
+])
+def test_bad_value_is_one_line_and_nothing_is_written(tmp_path, setting, match):
+    r = _train(tmp_path, setting.format(port=_closed_port()))
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and match in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert "epoch" not in r.stdout  # nothing trained
+
+
+def _open_store(uri, q):
+    from triaccel import tracking
+
+    try:
+        tracking.check_store(uri)
+        q.put("ok")
+    except Exception as e:  # noqa: BLE001
+        q.put(f"{type(e).__name__}: {e}")
+
+
+def test_two_processes_open_a_fresh_store_together(tmp_path):
+    """#14 case 8: two searches started together on a new sqlite store raced in MLflow's schema
+    migrations and one died; the store is created under a file lock now."""
+    uri = f"sqlite:///{tmp_path}/fresh/mlflow.db"
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    ps = [ctx.Process(target=_open_store, args=(uri, q)) for _ in range(3)]
+    for p in ps:
+        p.start()
+    for p in ps:
+        p.join(timeout=120)
+    assert sorted(q.get(timeout=5) for _ in ps) == ["ok"] * 3
+
+
+def test_check_store_accepts_a_driver_in_the_scheme():
+    from triaccel.tracking import check_store
+
+    with pytest.raises(ConfigError, match="cannot use the MLflow store") as e:
+        check_store("postgresql+psycopg2://127.0.0.1:1/none")
+    assert "unknown MLflow store scheme" not in str(e.value)
