@@ -50,14 +50,12 @@ def merge(a: dict, b: dict) -> dict:
 
 def train(d: dict, seed: int) -> dict:
     from triaccel.config import TrainConfig, from_dict
-    from triaccel.control import TriAccelLoop
-    from triaccel.trainer import Trainer
+    from triaccel.control import build_trainer
 
     d = merge(d, {"seed": seed, "evaluate_test": False, "tracking": {"enabled": False}})
     cfg = from_dict(TrainConfig, d)
-    cbs = [TriAccelLoop(cfg.triaccel, log=print)] if cfg.mode == "triaccel" else []
     t0 = time.perf_counter()
-    t = Trainer(cfg, callbacks=cbs, log=lambda *a: None).setup()
+    t = build_trainer(cfg, log=lambda *a: None, loop_log=print)
     s = t.fit()
     last = t.history.epochs[-1]
     out = {k: s[k] for k in ("val_acc", "epoch_time_last5_s", "peak_mem_gib", "efficiency", "peak_mem_first_epoch_gib")}

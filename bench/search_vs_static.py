@@ -34,24 +34,22 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def train(d: dict, seed: int) -> dict:
     from triaccel.config import TrainConfig, from_dict
-    from triaccel.control import TriAccelLoop
-    from triaccel.trainer import Trainer
+    from triaccel.control import build_trainer
 
     d = copy.deepcopy(d)
     d.update(seed=seed, evaluate_test=False)
     d["tracking"] = {"enabled": False}
     d.pop("provenance", None)
     cfg = from_dict(TrainConfig, d)
-    cbs = [TriAccelLoop(cfg.triaccel, log=print)] if cfg.mode == "triaccel" else []
     t0 = time.perf_counter()
-    t = Trainer(cfg, callbacks=cbs, log=lambda *a: None).setup()
+    t = build_trainer(cfg, log=lambda *a: None, loop_log=print)
     s = t.fit()
     out = {k: s[k] for k in ("val_acc", "epoch_time_last5_s", "peak_mem_gib", "efficiency", "peak_mem_first_epoch_gib")}
     out.update(wall_s=time.perf_counter() - t0, final_batch=t.batch_size,
                epoch_times=[e["epoch_time_s"] for e in t.history.epochs],
                batch_per_epoch=[e["batch_size"] for e in t.history.epochs])
-    if cbs and cbs[0].trajectory:
-        lv = cbs[0].trajectory[-1]["levels"]
+    if t.loop is not None and t.loop.trajectory:
+        lv = t.loop.trajectory[-1]["levels"]
         out["levels"] = {x: lv.count(x) for x in ("fp16", "bf16", "fp32")}
     return out
 

@@ -23,9 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write  # noqa: E402
 
 from triaccel.config import load_config  # noqa: E402
-from triaccel.control import TriAccelLoop  # noqa: E402
+from triaccel.control import build_trainer  # noqa: E402
 from triaccel.measure import bench, sync  # noqa: E402
-from triaccel.trainer import Trainer  # noqa: E402
 
 QUIET = lambda *a: None  # noqa: E731
 
@@ -39,9 +38,8 @@ def cfg_for(args, **over):
 
 
 def make(cfg, log=QUIET):
-    cbs = [TriAccelLoop(cfg.triaccel, log=log)] if cfg.mode == "triaccel" else []
-    t = Trainer(cfg, callbacks=cbs, log=log).setup()
-    return t, (cbs[0] if cbs else None)
+    t = build_trainer(cfg, log=log)
+    return t, t.loop
 
 
 def stepper(t, start: bool = True):

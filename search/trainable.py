@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from triaccel.config import to_dict
-from triaccel.trainer import Callback, Trainer
+from triaccel.trainer import Callback
 
 REPORT_KEYS = ("epoch", "train_loss", "val_acc", "val_loss", "epoch_time_s", "epoch_time_last5_s", "images_per_s",
                "peak_mem_gib", "efficiency", "batch_size", "micro_batch", "skipped_steps", "oom_events", "lr",
@@ -40,8 +40,7 @@ def accuracy_terms(metrics: dict, ref_curve: list | None, margin: float) -> dict
 
 
 class TuneReporter(Callback):
-    def __init__(self, loop, shared: int, ref_curve: list | None = None, margin: float = 0.0):
-        self.loop = loop
+    def __init__(self, shared: int, ref_curve: list | None = None, margin: float = 0.0):
         self.shared = shared
         self.ref_curve = ref_curve
         self.margin = margin
@@ -56,8 +55,8 @@ class TuneReporter(Callback):
         with tempfile.TemporaryDirectory() as d:
             trainer.save(Path(d) / "trainer.pt")
             (Path(d) / "config.yaml").write_text(yaml.safe_dump(to_dict(trainer.cfg), sort_keys=False))
-            if self.loop is not None:
-                self.loop.write_artifacts(Path(d) / "triaccel")
+            if trainer.loop is not None:
+                trainer.loop.write_artifacts(Path(d) / "triaccel")
             tune.report(out, checkpoint=tune.Checkpoint.from_directory(d))
 
 
@@ -77,15 +76,10 @@ def run_trial(config: dict, space_data: dict, shared: int, gpu_fraction: float, 
     if torch.cuda.is_available() and gpu_fraction < 1:
         cfg.memory_limit_fraction = gpu_fraction  # Ray's fractional GPUs are bookkeeping: cap for real
     torch.set_num_threads(max(1, int(os.environ.get("TRIACCEL_TRIAL_THREADS", "1"))))
-    loop = None
-    callbacks = []
-    if cfg.mode == "triaccel":
-        from triaccel.control import TriAccelLoop
+    from triaccel.control import build_trainer
 
-        loop = TriAccelLoop(cfg.triaccel, log=lambda *a: None, shared_trials=shared)
-        callbacks.append(loop)
-    callbacks.append(TuneReporter(loop, shared, ref_curve, margin))
-    trainer = Trainer(cfg, callbacks=callbacks, log=lambda *a: None).setup()
+    trainer = build_trainer(cfg, [TuneReporter(shared, ref_curve, margin)], log=lambda *a: None,
+                            shared_trials=shared)
     ckpt = tune.get_checkpoint()
     if ckpt is not None:
         with ckpt.as_directory() as d:

@@ -33,7 +33,7 @@ from triaccel.curvature import HessianProbe
 from triaccel.kernels import grad_stats, variance_ema
 from triaccel.measure import GiB, device_used_fraction, sync
 from triaccel.precision import DTYPES
-from triaccel.trainer import Callback, Decisions
+from triaccel.trainer import Callback, Decisions, Trainer
 
 
 EXACT_PROBE_MAX_LAYERS = 32  # probe: auto picks exact up to this many layers, batched above
@@ -380,3 +380,16 @@ class TriAccelLoop(Callback):
             if self.probe is not None and s.get("probe_gen") is not None:
                 self.probe_gen.set_state(s["probe_gen"])
 
+
+
+def build_trainer(cfg, callbacks=(), log=print, loop_log=None, shared_trials: int = 1, oom_probe=None,
+                  setup: bool = True) -> Trainer:
+    """The one place a run is wired (CLI, search trials, baselines, profiles, benchmarks): the
+    Tri-Accel control loop first in triaccel mode (``trainer.loop``), then the caller's
+    callbacks in order (MLflow logger, Tune reporter). Set up unless ``setup=False``."""
+    loop = None
+    if cfg.mode == "triaccel":
+        loop = TriAccelLoop(cfg.triaccel, log=log if loop_log is None else loop_log, shared_trials=shared_trials)
+    t = Trainer(cfg, callbacks=([loop] if loop else []) + list(callbacks), log=log, oom_probe=oom_probe)
+    t.loop = loop
+    return t.setup() if setup else t

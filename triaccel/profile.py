@@ -57,12 +57,9 @@ class _Repeated:
 
 
 def _trainer(cfg: TrainConfig) -> Trainer:
-    cbs = []
-    if cfg.mode == "triaccel":
-        from triaccel.control import TriAccelLoop
+    from triaccel.control import build_trainer
 
-        cbs.append(TriAccelLoop(cfg.triaccel, log=lambda *a: None))
-    return Trainer(cfg, callbacks=cbs, log=lambda *a: None).setup()
+    return build_trainer(cfg, log=lambda *a: None)
 
 
 def _take(t: Trainer):

@@ -191,6 +191,7 @@ class Trainer:
         # Tests inject a memory budget through it; on a GPU real OOMs arrive the same way.
         self.oom_probe = oom_probe
         self.stop = False  # a callback (ASHA through Tune, say) may ask the loop to end
+        self.loop = None  # the Tri-Accel control loop, when build_trainer wired one
 
     # ================================================================== setup
     def setup(self) -> "Trainer":
