@@ -59,6 +59,7 @@ class StepGraphs:
         self.pool = torch.cuda.graph_pool_handle()
         self.captures = 0  # graphs recorded in this run (a dropped and re-recorded key counts twice)
         self.replays = 0
+        self.evictions = 0  # graphs dropped past the cap (least recently used first)
         self.eager = 0  # micro-batches that ran eager (warm-up occurrences, keys past a failure)
         self.capture_s = 0.0  # time spent recording, reported apart from the step times
         self.extra_bytes = 0  # pool bytes not held by live tensors: added to the memory peaks
@@ -66,6 +67,7 @@ class StepGraphs:
 
     def stats(self) -> dict:
         return {"captures": self.captures, "graphs_live": len(self.graphs), "replays": self.replays,
+                "graph_evictions": self.evictions,
                 "eager_micro_batches": self.eager, "capture_s": self.capture_s,
                 "graph_pool_gib": self.extra_bytes / 2**30}
 
@@ -128,6 +130,10 @@ class StepGraphs:
         self.captures += 1
         if len(self.graphs) > self.cap:
             self.graphs.popitem(last=False)  # its pool blocks are reused by later recordings
+            if not self.evictions:
+                self.log(f"[capture] more than capture_cap ({self.cap}) shapes and plans: the least recently "
+                         f"used graph is dropped and recorded again when needed")
+            self.evictions += 1
         self.capture_s += time.perf_counter() - t0
         return g
 

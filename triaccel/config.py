@@ -232,7 +232,7 @@ class TrainConfig:
     cudnn_benchmark: Optional[bool] = None
     # Record each micro-batch's forward + loss + backward as a CUDA graph and replay it
     # (triaccel.capture): one launch instead of ~300 per ResNet-18 step. CUDA only (a CPU run logs
-    # that it is eager); one graph per (micro-batch shape, precision plan), at most capture_cap live.
+    # that it is eager); one graph per (micro-batch shape, precision plan), at most capture_cap live (the least recently used is dropped past it).
     capture: bool = False
     capture_cap: int = 8
     eval_batch_size: int = 1024

@@ -518,6 +518,7 @@ class Trainer:
                 "lr_scales": list(self.lr_scales), "batch_lr_factor": self.batch_lr_factor,
                 "precision": self.precision.levels() if self.precision else None,
                 "callbacks": [cb.state_dict() for cb in self.callbacks],
+                "cudnn_benchmark": torch.backends.cudnn.benchmark,  # a settled batch turns autotuning on
                 "rng": {"torch": torch.get_rng_state(), "data": self.train_data.gen.get_state(),
                         "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
                         "python": random.getstate(), "numpy": np.random.get_state()}}
@@ -533,7 +534,8 @@ class Trainer:
         self.apply(Decisions(batch_size=s["batch_size"], micro_batch=s["micro_batch"],
                              batch_lr_factor=s["batch_lr_factor"], lr_scales=tuple(s["lr_scales"]),
                              levels=dict(zip(self.precision.names, s["precision"]))
-                             if self.precision and s["precision"] else None))
+                             if self.precision and s["precision"] else None,
+                             cudnn_benchmark=s.get("cudnn_benchmark")))
         for cb, st in zip(self.callbacks, s["callbacks"]):
             cb.load_state_dict(st)
         torch.set_rng_state(s["rng"]["torch"])
