@@ -153,9 +153,8 @@ class MLflowSearchCallback(Callback):
         self.client.set_tag(rid, "failure_reason", failure_reason(trial))
         self.client.set_terminated(rid, status="FAILED")
 
-    def on_experiment_end(self, trials, **info):
+    def on_experiment_end(self, trials, **info):  # also after Ctrl-C: the runner closes the parent run
         self.summarise()
-        self.client.set_terminated(self.parent_run_id(), status="FINISHED")
 
     def _log_checkpoint_artifacts(self, trial, rid):
         ck = getattr(trial, "checkpoint", None)

@@ -7,6 +7,7 @@ Layout under the store (default ``mlruns/``):
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import json
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from triaccel.errors import ConfigError, TriAccelError
+from triaccel.errors import ConfigError, Interrupted, TriAccelError
 from triaccel.search.space import SearchSpace, load_space, parse_space
 from triaccel.tracking import tracking_uri as resolve_uri
 
@@ -207,12 +208,12 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     (path / STATE_FILE).write_text(json.dumps(state, indent=1))
     print(f"triaccel search '{name}': {space.trials} trials of {space.source}, {space.concurrency} at a time, "
           f"objective {space.objective}; Tune state in {path}; MLflow {uri} (experiment '{EXPERIMENT}')", flush=True)
-    ref_curve = run_baselines(name, space, uri, shared)
-    _init_ray(address)
-    tuner = _tuner(space, name, uri, shared, ref_curve)
-    tuner.fit()
-    summary = finish(name, space, uri, default_confirm(confirm, shared))
-    return summary
+    with interruptible(name, uri):
+        ref_curve = run_baselines(name, space, uri, shared)
+        _init_ray(address)
+        _tuner(space, name, uri, shared, ref_curve).fit()
+        check_finished(name, space.trials)
+        return finish(name, space, uri, default_confirm(confirm, shared))
 
 
 def resume_search(name: str, address: str | None = None, confirm: int | None = None) -> dict:
@@ -223,14 +224,56 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
     from ray import tune
 
     print(f"triaccel resume '{name}': restoring {tune_root() / name}", flush=True)
-    ref_curve = run_baselines(name, space, state["tracking_uri"], state["shared"])  # those not finished before
-    _init_ray(address or state.get("address"))
-    if not tune.Tuner.can_restore(str(tune_root() / name)):
-        raise TriAccelError(f"search '{name}' has no Tune state to restore in {tune_root() / name}")
-    tuner = tune.Tuner.restore(str(tune_root() / name), trainable=_trainable(space, state["shared"], ref_curve),
-                               resume_unfinished=True, resume_errored=False, restart_errored=False)
-    tuner.fit()
-    return finish(name, space, state["tracking_uri"], default_confirm(confirm, state["shared"]))
+    uri = state["tracking_uri"]
+    with interruptible(name, uri):
+        ref_curve = run_baselines(name, space, uri, state["shared"])  # those not finished before
+        _init_ray(address or state.get("address"))
+        if tune.Tuner.can_restore(str(tune_root() / name)):
+            tuner = tune.Tuner.restore(str(tune_root() / name), trainable=_trainable(space, state["shared"], ref_curve),
+                                       resume_unfinished=True, resume_errored=False, restart_errored=False)
+        else:  # stopped before its first trial (in the baselines): the trials start now
+            tuner = _tuner(space, name, uri, state["shared"], ref_curve)
+        tuner.fit()
+        check_finished(name, space.trials)
+        return finish(name, space, uri, default_confirm(confirm, state["shared"]))
+
+
+def left_to_run(name: str, planned: int) -> int:
+    """Trials a ``resume`` would still run, from the experiment state Tune saved (what ``resume``
+    restores): those not created yet and those neither terminated nor errored."""
+    from ray.tune import ExperimentAnalysis
+
+    path = tune_root() / name
+    if not any(path.glob("experiment_state-*.json")):
+        return planned
+    return max(0, planned - sum(t.status in ("TERMINATED", "ERROR") for t in ExperimentAnalysis(str(path)).trials))
+
+
+def check_finished(name: str, planned: int) -> None:
+    """Tune meets Ctrl-C (SIGINT) by stopping the trials, saving its state and returning as if the
+    search had finished: the saved state tells the two apart."""
+    left = left_to_run(name, planned)
+    if left:
+        raise Interrupted(f"{left} of {planned} trials left")
+
+
+@contextlib.contextmanager
+def interruptible(name: str, uri: str):
+    """Ctrl-C anywhere in a search (baselines, trials, confirm runs) ends it as stopped, never as
+    finished: its runs still RUNNING in MLflow (the parent included) are closed KILLED, and the
+    error says how to continue. The parent run is FINISHED only by ``finish``."""
+    try:
+        yield
+    except (KeyboardInterrupt, Interrupted) as e:
+        from triaccel.search.callbacks import TAG_SEARCH
+
+        c, exp = _client(uri)
+        for r in c.search_runs([exp], filter_string=f"tags.`{TAG_SEARCH}` = '{name}' and attributes.status = 'RUNNING'",
+                               max_results=10000):
+            c.set_terminated(r.info.run_id, status="KILLED")
+        left = f" ({e})" if isinstance(e, Interrupted) else ""
+        raise Interrupted(f"search '{name}' stopped before it finished{left}: `triaccel resume {name}` "
+                          f"continues it") from None
 
 
 # Re-run this many of the best alone when trials shared a GPU. Measured on the H200
@@ -422,6 +465,8 @@ def finish(name: str, space: SearchSpace, uri: str, confirm: int) -> dict:
     if p is not None and p.kind == "baseline":
         print(f"{p.reason}: `export` writes the static baseline {p.row['tags'].get('triaccel.baseline')}")
     print(f"export the best: triaccel export {name} --out tuned.yaml    browse: triaccel ui")
+    c, _ = _client(uri)
+    c.set_terminated(parent_run(name, space, uri), status="FINISHED")
     best = o.best.row if o.best else None
     return {"finished": len(o.ranked), "feasible": len(o.feasible), "failed": len(o.failed), "trials": o.trials,
             "best": best, "pick": p.kind if p else None}

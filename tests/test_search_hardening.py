@@ -1,5 +1,6 @@
 """The search service fed what users feed it: an address where no cluster runs, list-valued
 choices, Ctrl-C mid-search. Real subprocesses, real local Ray, a real sqlite MLflow store."""
+import contextlib
 import os
 import socket
 import subprocess
@@ -24,7 +25,9 @@ SPACE = {
 
 
 def _env():
-    env = dict(os.environ)
+    # one intra-op thread: on a shared 2-core machine a busy neighbour stalls torch's second thread
+    # and the driver's in-process baselines slow down a hundredfold (the Ray trials use one already)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("MLFLOW_TRACKING_URI", None)
     env.pop("TRIACCEL_TUNE_DIR", None)
     return env
@@ -94,3 +97,89 @@ def test_list_valued_choices_search_end_to_end(tmp_path):
     r = cli("export", "b", "--out", "tuned.yaml", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert list(load_config(tmp_path / "tuned.yaml").optim.betas) in betas
+
+
+def test_ctrl_c_mid_search_is_no_finished_search_and_resume_finishes_it(tmp_path):
+    """SIGINT to the process group, as Ctrl-C in a terminal sends it, once the first epoch is in:
+    Tune stops the trials and returns as if the search had finished; the search must say it
+    stopped (exit 130, how to resume), close its runs KILLED, and `resume` must finish it."""
+    import re
+    import signal
+
+    space = dict(SPACE, trials=4, concurrency=2)  # two trials still to start when the first epoch is in
+    space["train"] = dict(SPACE["train"], epochs=6)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "i"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            if any(f.stat().st_size for f in (tmp_path / "mlruns" / "tune" / "i").glob("*/result.json")):
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the search ended before the first epoch was reported"
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out[-2000:] + err[-2000:]
+    assert "Traceback" not in err and "export the best" not in out
+    assert re.fullmatch(r"triaccel: interrupted: search 'i' stopped before it finished \([1-4] of 4 trials left\): "
+                        r"`triaccel resume i` continues it", err.strip().splitlines()[-1]), err[-2000:]
+    _, all_runs = runs(tmp_path, "i")
+    parent = [r for r in all_runs if r.data.tags["triaccel.role"] == "parent"]
+    assert [r.info.status for r in parent] == ["KILLED"]
+    assert not [r for r in all_runs if r.info.status == "RUNNING"]
+
+    r = cli("resume", "i", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "export the best" in r.stdout
+    _, all_runs = runs(tmp_path, "i")
+    trials = [r for r in all_runs if r.data.tags["triaccel.role"] == "trial"]
+    assert len(trials) == 4 and len({t.data.tags["triaccel.trial_id"] for t in trials}) == 4
+    assert all(r.info.status == "FINISHED" for r in all_runs)  # the parent included
+
+
+def test_ctrl_c_in_the_baselines_resumes_into_the_trials(tmp_path):
+    """Ctrl-C while the baselines train (before Tune holds any state): exit 130, runs KILLED, and
+    `resume` trains the baseline again and starts the trials, as the error line promises."""
+    import signal
+    import sqlite3
+
+    space = dict(SPACE, baseline={"batch_sizes": [8]})  # small batches: seconds of baseline to interrupt
+    space["train"] = dict(SPACE["train"], epochs=12)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "ib"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:  # the baseline's first epoch is in the store
+                with contextlib.closing(sqlite3.connect(tmp_path / "mlruns" / "mlflow.db")) as db:
+                    if db.execute("select count(*) from metrics where key = 'val_acc'").fetchone()[0]:
+                        break
+            except sqlite3.Error:
+                pass
+            time.sleep(0.05)
+        assert proc.poll() is None, "the baseline ended before its first epoch was seen"
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and "Traceback" not in err, out[-2000:] + err[-2000:]
+    assert err.strip().splitlines()[-1] == ("triaccel: interrupted: search 'ib' stopped before it finished: "
+                                            "`triaccel resume ib` continues it")
+    _, all_runs = runs(tmp_path, "ib")
+    assert sorted((r.data.tags["triaccel.role"], r.info.status) for r in all_runs) == [
+        ("baseline", "KILLED"), ("parent", "KILLED")]
+
+    r = cli("resume", "ib", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _, all_runs = runs(tmp_path, "ib")
+    assert sorted((r.data.tags["triaccel.role"], r.info.status) for r in all_runs) == [
+        ("baseline", "FINISHED"), ("baseline", "KILLED"), ("parent", "FINISHED"), ("trial", "FINISHED"),
+        ("trial", "FINISHED")]

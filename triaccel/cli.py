@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from triaccel.errors import TriAccelError
+from triaccel.errors import Interrupted, TriAccelError
 
 
 def cmd_train(args) -> int:
@@ -87,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except Interrupted as e:
+        print(f"triaccel: interrupted: {e}", file=sys.stderr)
+        return 130
     except TriAccelError as e:
         print(f"triaccel: error: {e}", file=sys.stderr)
         return 2
