@@ -355,18 +355,16 @@ def run_alone(name: str, uri: str, cfg, tags: dict, label: str) -> dict | None:
     search: the baselines and the confirm re-runs. The summary, or None if it failed."""
     import time
 
-    from triaccel.control import TriAccelLoop
+    from triaccel.control import build_trainer
     from triaccel.tracking import MLflowLogger, log_metrics
-    from triaccel.trainer import Trainer
 
     cfg.tracking.experiment = EXPERIMENT
     cfg.tracking.tracking_uri = uri
     cfg.tracking.run_name = f"{name}-{label}"
     cfg.evaluate_test = False
     logger = MLflowLogger(cfg, parent_run_id=tags.pop("parent"), extra_tags={"shared_trials": "1", **tags})
-    cbs = ([TriAccelLoop(cfg.triaccel, log=lambda *a: None)] if cfg.mode == "triaccel" else []) + [logger]
     t0 = time.perf_counter()
-    trainer = Trainer(cfg, callbacks=cbs, log=lambda *a: None).setup()
+    trainer = build_trainer(cfg, [logger], log=lambda *a: None)
     try:
         s = trainer.fit()
     except TriAccelError as e:
@@ -439,19 +437,19 @@ def finish(name: str, space: SearchSpace, uri: str, confirm: int) -> dict:
     print(f"\nsearch '{name}': {len(o.ranked)} finished ({len(o.feasible)} feasible), {len(o.stopped)} stopped early, "
           f"{len(o.failed)} failed, {o.trials} trials in MLflow")
     keys = list(space.params)
-    head = f"{'rank':>5} {'run':>16} {'eff':>8} {'x base':>6} {'val%':>6} {'d.acc':>6} {'s/ep':>6} {'GiB':>6}  " + \
+    head = f"{'rank':>5} {'run':>22} {'eff':>8} {'x base':>6} {'val%':>6} {'d.acc':>6} {'s/ep':>6} {'GiB':>6}  " + \
         "  ".join(k.split(".")[-1][:10] for k in keys)
     print(head)
     for b in o.baselines:
         m = b["metrics"]
         r = m["efficiency"] / o.reference["metrics"]["efficiency"]
-        print(f"{'base':>5} {b['tags'].get('triaccel.baseline', '?'):>16} {m['efficiency']:8.2f} {r:6.2f} "
+        print(f"{'base':>5} {b['tags'].get('triaccel.baseline', '?'):>22} {m['efficiency']:8.2f} {r:6.2f} "
               f"{m['val_acc']:6.2f} {'':>6} {m['epoch_time_last5_s']:6.2f} {m['peak_mem_gib']:6.3f}")
     for i, x in enumerate(o.ranked[:8]):
         m = x.measured
         vals = "  ".join(_cell(x.row["values"].get(k)).rjust(len(k.split(".")[-1][:10])) for k in keys)
         rank = f"{i + 1}{'' if x.feasible else '!'}{'*' if x.confirmed else ''}"
-        print(f"{rank:>5} {x.row['trial_id']:>16} {m['efficiency']:8.2f} {fmt(x.ratio):>6} {m.get('val_acc', 0):6.2f} "
+        print(f"{rank:>5} {x.row['trial_id']:>22} {m['efficiency']:8.2f} {fmt(x.ratio):>6} {m.get('val_acc', 0):6.2f} "
               f"{fmt(x.gap, '+.2f'):>6} {m.get('epoch_time_last5_s', 0):6.2f} {m.get('peak_mem_gib', 0):6.3f}  {vals}")
     if o.ranked:
         print(f"  (x base: efficiency / the reference baseline's; d.acc: validation accuracy minus the reference's "

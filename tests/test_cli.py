@@ -66,3 +66,18 @@ def test_train_logs_run_to_sqlite_store(tmp_path):
     arts = [a.path for a in c.list_artifacts(run.info.run_id)]
     assert "config.yaml" in arts
     assert (tmp_path / "mlruns" / "artifacts").is_dir()
+
+
+def test_triaccel_train_logs_the_control_trajectory(tmp_path):
+    """The CLI wires its run through build_trainer: the Tri-Accel loop's trajectory (JSON, CSV,
+    plots) lands as artifacts of the MLflow run."""
+    r = run_cli("train", "--config", str(ROOT / "configs" / "quickstart_triaccel.yaml"), "--set", "epochs=1",
+                "--set", "evaluate_test=false", cwd=tmp_path, env_extra={"MLFLOW_TRACKING_URI": ""})
+    assert r.returncode == 0, r.stderr
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    run = c.search_runs([c.get_experiment_by_name("triaccel-train").experiment_id])[0]
+    assert run.data.params["mode"] == "triaccel"
+    arts = [a.path for a in c.list_artifacts(run.info.run_id, "triaccel")]
+    assert any(a.endswith(".json") for a in arts) and any(a.endswith(".csv") for a in arts), arts

@@ -13,7 +13,7 @@ from triaccel.errors import Interrupted, TriAccelError
 
 def cmd_train(args) -> int:
     from triaccel.config import load_config
-    from triaccel.trainer import Trainer
+    from triaccel.control import build_trainer
 
     cfg = load_config(args.config, args.set)
     callbacks = []
@@ -23,11 +23,7 @@ def cmd_train(args) -> int:
 
         logger = MLflowLogger(cfg)
         callbacks.append(logger)
-    if cfg.mode == "triaccel":
-        from triaccel.control import TriAccelLoop
-
-        callbacks.insert(0, TriAccelLoop(cfg.triaccel))
-    trainer = Trainer(cfg, callbacks=callbacks)
+    trainer = build_trainer(cfg, callbacks, setup=False)
     try:
         trainer.setup()
         print(f"triaccel train: {cfg.model.name} on {cfg.data.name} ({len(trainer.train_data)} train / "
@@ -39,7 +35,7 @@ def cmd_train(args) -> int:
             logger.finish("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED", reason=f"{type(e).__name__}: {e}")
         raise
     if logger is not None:
-        for cb in callbacks:
+        for cb in trainer.callbacks:
             if hasattr(cb, "log_artifacts"):
                 cb.log_artifacts(logger.client, logger.run_id)
         logger.finish()
