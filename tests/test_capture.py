@@ -112,3 +112,19 @@ def test_a_space_declares_eager_and_captured_baselines():
     assert all(not d["capture"] for _, d in default.baseline_runs())  # the user's eager step by default
     with pytest.raises(ConfigError, match="s.yaml: baseline.capture: must be a non-empty list of true / false"):
         parse_space({"train": {"epochs": 2}, "params": lr, "baseline": {"capture": "yes"}}, source="s.yaml")
+
+
+def test_checkpointed_blocks_save_rng_state_only_where_they_draw_random_numbers():
+    """Blocks without dropout or stochastic depth skip the RNG-state copy (which a CUDA graph
+    recording cannot make); EfficientNet-B0's blocks, which draw, keep it."""
+    from triaccel.config import ModelConfig
+    from triaccel.models import _draws_random, build_model, enable_checkpointing
+
+    res = build_model(ModelConfig(name="resnet18"), 10, 3, 32)
+    eff = build_model(ModelConfig(name="efficientnet_b0"), 10, 3, 32)
+    assert not any(_draws_random(m) for b in res.blocks() for m in b.modules())
+    assert any(_draws_random(m) for b in eff.blocks() for m in b.modules())
+    assert enable_checkpointing(res) > 0
+    x = torch.randn(2, 3, 32, 32, requires_grad=True)
+    res(x).sum().backward()  # recomputation without a saved RNG state still gives gradients
+    assert x.grad is not None and torch.isfinite(x.grad).all()

@@ -129,6 +129,11 @@ def build_model(cfg, num_classes: int, in_channels: int, image_size: int = 32) -
     return MODELS[cfg.name](num_classes, in_channels, image_size, cfg)
 
 
+def _draws_random(m: nn.Module) -> bool:
+    name = type(m).__name__
+    return "Dropout" in name or name == "StochasticDepth"
+
+
 def enable_checkpointing(model: nn.Module) -> int:
     """Recompute each of ``model.blocks()`` in backward instead of storing its activations.
 
@@ -139,10 +144,14 @@ def enable_checkpointing(model: nn.Module) -> int:
     blocks = model.blocks()
     for b in blocks:
         inner_forward = b.forward
+        # Only a block that draws random numbers (dropout, stochastic depth) needs its RNG state saved
+        # for the recomputation; skipping it elsewhere saves a copy per block and lets a checkpointed
+        # step be recorded as a CUDA graph (reading the generator's state is not allowed while recording).
+        random = any(_draws_random(m) for m in b.modules())
 
-        def fwd(x, _f=inner_forward):
+        def fwd(x, _f=inner_forward, _rng=random):
             if torch.is_grad_enabled():
-                return checkpoint(_f, x, use_reentrant=False, preserve_rng_state=True)
+                return checkpoint(_f, x, use_reentrant=False, preserve_rng_state=_rng)
             return _f(x)
 
         b.forward = fwd
