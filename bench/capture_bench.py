@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write  # noqa: E402
+from search_vs_static import stats, train  # noqa: E402  (one way to train and summarise a run)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,29 +45,6 @@ def merge(a: dict, b: dict) -> dict:
     for k, v in b.items():
         out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
     return out
-
-
-def train(d: dict, seed: int) -> dict:
-    from triaccel.config import TrainConfig, from_dict
-    from triaccel.control import build_trainer
-
-    d = merge(d, {"seed": seed, "evaluate_test": False, "tracking": {"enabled": False}})
-    cfg = from_dict(TrainConfig, d)
-    t0 = time.perf_counter()
-    t = build_trainer(cfg, log=lambda *a: None, loop_log=print)
-    s = t.fit()
-    last = t.history.epochs[-1]
-    out = {k: s[k] for k in ("val_acc", "epoch_time_last5_s", "peak_mem_gib", "efficiency", "peak_mem_first_epoch_gib")}
-    out.update(wall_s=time.perf_counter() - t0, epoch_times=[e["epoch_time_s"] for e in t.history.epochs],
-               batch_per_epoch=[e["batch_size"] for e in t.history.epochs])
-    if t.graphs is not None:
-        out.update(t.graphs.stats(), capture_disabled=t.graphs.disabled)
-    out["peak_reserved_gib"] = last.get("peak_reserved_gib")
-    return out
-
-
-def stats(xs):
-    return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
 
 
 def main():

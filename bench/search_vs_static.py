@@ -51,6 +51,9 @@ def train(d: dict, seed: int) -> dict:
     if t.loop is not None and t.loop.trajectory:
         lv = t.loop.trajectory[-1]["levels"]
         out["levels"] = {x: lv.count(x) for x in ("fp16", "bf16", "fp32")}
+    if t.graphs is not None:
+        out.update(t.graphs.stats(), capture_disabled=t.graphs.disabled)
+    out["peak_reserved_gib"] = t.history.epochs[-1].get("peak_reserved_gib")
     return out
 
 
