@@ -202,3 +202,30 @@ def test_apply_is_the_only_writer_of_the_adaptive_state():
     assert seen[:4] == [64, 64, 32, 32]
     assert Decisions(batch_size=4, levels={"a": "fp16"}).merged(Decisions(levels={"b": "fp32"}, micro_batch=2)) == \
         Decisions(batch_size=4, micro_batch=2, levels={"a": "fp16", "b": "fp32"})
+
+
+@pytest.mark.parametrize("mode", ["amp", "triaccel"])
+def test_deferred_skip_trains_exactly_as_the_synchronous_check(mode):
+    """deferred_skip learns a step's GradScaler skip one step later (no host sync per step); the
+    lr schedule must not move: same weights, same schedule position, same skip count as the
+    synchronous check, with overflows injected at chosen steps (one is the epoch's last step)."""
+    def run(deferred):
+        over = {"mode": mode, "amp_dtype": "fp16", "epochs": 2, "data.augment": False,
+                "deferred_skip": str(deferred).lower(), "optim.warmup_epochs": 1}
+        if mode == "triaccel":
+            over.update({"triaccel.batch.enabled": "false", "triaccel.curvature.method": "fisher",
+                         "triaccel.precision.enabled": "false"})
+        t = Trainer(small_cfg(**over), log=lambda *a: None).setup()
+        steps_per_epoch = -(-len(t.train_data) // t.batch_size)
+        bad = {3, 7, steps_per_epoch, steps_per_epoch + 2}
+        p0 = next(t.model.parameters())
+        p0.register_hook(lambda g: g * float("inf") if t.step_count + 1 in bad else g)
+        t.fit()
+        return t
+
+    sync, deferred = run(False), run(True)
+    assert deferred.skipped_steps == sync.skipped_steps == 4
+    assert [e["skipped_steps"] for e in deferred.history.epochs] == [e["skipped_steps"] for e in sync.history.epochs]
+    assert deferred.schedule.done == sync.schedule.done
+    for a, b in zip(sync.model.parameters(), deferred.model.parameters()):
+        assert torch.equal(a.detach(), b.detach())

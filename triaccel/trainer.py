@@ -99,7 +99,7 @@ class Callback:
 class StepInfo:
     step: int  # optimizer updates so far (this one included; skipped ones too)
     n_examples: int
-    skipped: bool
+    skipped: bool | None  # None: deferred_skip, known at the next step
     scaler_used: bool
 
 
@@ -259,6 +259,9 @@ class Trainer:
         self.epoch = 0
         self.history = History()
         self.oom_events = 0
+        self.skipped_steps = 0  # optimizer updates the GradScaler skipped, whole run
+        self._pending_skip = None  # deferred_skip: (event, examples) of the step whose flag is in flight
+        self._skip_flag = None
         self._sealed = True  # from here on, apply() is the one writer of the adaptive state
         for cb in self.callbacks:
             cb.on_setup(self)
@@ -300,10 +303,13 @@ class Trainer:
                 return FusedSGD(groups, lr=oc.lr, momentum=oc.momentum, nesterov=oc.nesterov,
                                 weight_decay=oc.weight_decay, backend="triton")
             return FusedAdamW(groups, lr=oc.lr, betas=oc.betas, weight_decay=oc.weight_decay, backend="triton")
+        # deferred_skip on CUDA: the fused step takes the GradScaler's found-inf flag on the device
+        # (the default step reads it back: one sync per step)
+        fused = True if self.cfg.deferred_skip and self.device.type == "cuda" else None
         if oc.name == "sgd":
             return torch.optim.SGD(groups, lr=oc.lr, momentum=oc.momentum, nesterov=oc.nesterov,
-                                   weight_decay=oc.weight_decay)
-        return torch.optim.AdamW(groups, lr=oc.lr, betas=oc.betas, weight_decay=oc.weight_decay)
+                                   weight_decay=oc.weight_decay, fused=fused)
+        return torch.optim.AdamW(groups, lr=oc.lr, betas=oc.betas, weight_decay=oc.weight_decay, fused=fused)
 
     def _may_use_fp16(self) -> bool:
         if self.cfg.mode == "amp":
@@ -344,7 +350,7 @@ class Trainer:
         self.meter.start_epoch()
         self.meter.set_persistent(self.model, self.optimizer)
         loss_sum = torch.zeros((), device=self.device)
-        n_seen, steps, skipped = 0, 0, 0
+        n_seen, steps, skipped0 = 0, 0, self.skipped_steps
         pb = progress_bar(self.sampler.remaining, f"epoch {self.epoch + 1}/{self.cfg.epochs}", "img")
         sync(self.device)
         t0 = time.perf_counter()
@@ -354,13 +360,14 @@ class Trainer:
             loss_sum += loss
             n_seen += info.n_examples
             steps += 1
-            skipped += info.skipped
             pb.update(info.n_examples)
             if self.step_count % self.cfg.triaccel.control_every == 0:
                 self._check_finite(loss_sum)
         sync(self.device)
         epoch_time = time.perf_counter() - t0
         pb.close()
+        self._settle_skip()
+        skipped = self.skipped_steps - skipped0
         mem = self.meter.epoch_peaks()  # before evaluation: its larger batches are not training memory
 
         train_loss = float(loss_sum) / max(1, n_seen)
@@ -392,10 +399,11 @@ class Trainer:
     # ================================================================== step
     def train_step(self, idx: torch.Tensor) -> tuple[torch.Tensor, StepInfo]:
         n = len(idx)
-        factor = self.schedule.factor(n) * self.batch_lr_factor
-        for g, s in zip(self.optimizer.param_groups, self.lr_scales):
-            g["lr"] = self.cfg.optim.lr * factor * s
         use_scaler = self.scaler_active()
+        deferred = use_scaler and self.cfg.deferred_skip
+        if not deferred:
+            self._settle_skip()
+            self._set_lr(n)
 
         while True:  # re-run the same examples after an OOM, in smaller micro-batches
             self._zero_grads()
@@ -404,22 +412,34 @@ class Trainer:
                 break
             self._recover_from_oom()
 
+        if deferred:
+            # The previous step's skip flag travelled to the host without a sync while this
+            # step's forward and backward were queued; the lr (needed only now) follows it.
+            self._settle_skip()
+            self._set_lr(n)
         if use_scaler:
             self.scaler.unscale_(self.optimizer)  # once, before clipping and statistics
         for cb in self.callbacks:
             cb.on_grads_ready(self, n)
         if self.cfg.optim.clip_grad_norm:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.clip_grad_norm)
-        skipped = False
-        if use_scaler:
+        skipped: bool | None = False
+        if deferred:
+            found = sum(self.scaler._found_inf_per_device(self.optimizer).values())  # on the device
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self._defer_skip(found, n)
+            skipped = None  # known at the next step (or the epoch's end)
+        elif use_scaler:
             old_scale = self.scaler.get_scale()
             self.scaler.step(self.optimizer)
             self.scaler.update()
             skipped = self.scaler.get_scale() < old_scale  # the scale drops only on a skipped step
         else:
             self.optimizer.step()
-        if not skipped:
+        if skipped is False:
             self.schedule.step(n)
+        self.skipped_steps += bool(skipped)
         self.step_count += 1
         if self.step_count == 1:  # optimizer state exists now: count it (CPU memory accounting)
             self.meter.set_persistent(self.model, self.optimizer)
@@ -427,6 +447,35 @@ class Trainer:
         for cb in self.callbacks:
             self.apply(cb.on_step_end(self, info))
         return loss, info
+
+    def _set_lr(self, n: int) -> None:
+        factor = self.schedule.factor(n) * self.batch_lr_factor
+        for g, s in zip(self.optimizer.param_groups, self.lr_scales):
+            g["lr"] = self.cfg.optim.lr * factor * s
+
+    def _defer_skip(self, found: torch.Tensor, n: int) -> None:
+        """Queue a non-blocking copy of this step's found-inf flag to the host (deferred_skip)."""
+        if self._skip_flag is None:
+            self._skip_flag = torch.zeros((), pin_memory=self.device.type == "cuda")
+        self._skip_flag.copy_(found.reshape(()), non_blocking=True)
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        self._pending_skip = (event, n)
+
+    def _settle_skip(self) -> None:
+        """The deferred step's outcome: the schedule advances by its examples unless it was skipped."""
+        if self._pending_skip is None:
+            return
+        event, n = self._pending_skip
+        self._pending_skip = None
+        if event is not None:
+            event.synchronize()  # the flag's copy only: later queued work goes on
+        if float(self._skip_flag) > 0:
+            self.skipped_steps += 1
+        else:
+            self.schedule.step(n)
 
     def _zero_grads(self) -> None:
         # Captured graphs add into the gradient buffers they were recorded with: keep them.
@@ -511,6 +560,7 @@ class Trainer:
 
     # ================================================================== checkpoints
     def state_dict(self) -> dict:
+        self._settle_skip()  # the schedule saved is exact
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict(), "schedule": self.schedule.state_dict(),
                 "sampler": self.sampler.state_dict(), "epoch": self.epoch, "step_count": self.step_count,
