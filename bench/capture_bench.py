@@ -33,6 +33,9 @@ PAIRS = {
     "static_fp16_b512": {"mode": "amp", "amp_dtype": "fp16", "batch_size": 512},
     "static_bf16_b512": {"mode": "amp", "amp_dtype": "bf16", "batch_size": 512},
     "static_bf16_b96": {"mode": "amp", "amp_dtype": "bf16", "batch_size": 96},
+    # fp16: the GradScaler's per-step read-back against deferred_skip (not in the default --pairs yet)
+    "static_fp16_b96": {"mode": "amp", "amp_dtype": "fp16", "batch_size": 96},
+    "static_fp16_b96_deferred": {"mode": "amp", "amp_dtype": "fp16", "batch_size": 96, "deferred_skip": True},
     "triaccel_fisher_b512": {**TRIACCEL, "batch_size": 512},
     "triaccel_elastic_b96": {**TRIACCEL, "batch_size": 96,
                              "triaccel": {**TRIACCEL["triaccel"],
@@ -52,7 +55,8 @@ def main():
     ap.add_argument("--data-dir", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--epochs", type=int, default=8)
-    ap.add_argument("--pairs", default=",".join(PAIRS))
+    ap.add_argument("--pairs", default="static_fp16_b512,static_bf16_b512,static_bf16_b96,triaccel_fisher_b512,"
+                                       "triaccel_elastic_b96", help=f"comma-separated, of: {', '.join(PAIRS)}")
     ap.add_argument("--seeded", default="static_fp16_b512", help="pairs repeated over --seeds")
     ap.add_argument("--seeds", default="0,1,2")
     args = ap.parse_args()

@@ -128,3 +128,18 @@ def test_checkpointed_blocks_save_rng_state_only_where_they_draw_random_numbers(
     x = torch.randn(2, 3, 32, 32, requires_grad=True)
     res(x).sum().backward()  # recomputation without a saved RNG state still gives gradients
     assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+@cuda
+def test_deferred_skip_with_a_captured_fp16_step_matches_the_synchronous_check():
+    over = dict(device="cuda", mode="amp", amp_dtype="fp16", epochs=2, capture="true", cudnn_benchmark="false")
+    torch.backends.cudnn.deterministic = True
+    try:
+        sync, _ = fit(small_cfg(**over))
+        deferred, _ = fit(small_cfg(deferred_skip="true", **over))
+    finally:
+        torch.backends.cudnn.deterministic = False
+    assert deferred.graphs.replays > 0 and deferred.skipped_steps == sync.skipped_steps
+    assert deferred.schedule.done == sync.schedule.done
+    # fused SGD against the default one: equal up to summation order
+    assert torch.allclose(_params(deferred), _params(sync), rtol=1e-3, atol=1e-4)
