@@ -223,19 +223,62 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
     space = parse_space(state["space"], source=state["source"], sha256=state["sha256"])
     from ray import tune
 
-    print(f"triaccel resume '{name}': restoring {tune_root() / name}", flush=True)
+    restore = restorable(name, space)  # before anything runs: a state that cannot finish is refused here
+    print(f"triaccel resume '{name}': " + (f"restoring {tune_root() / name}" if restore else
+                                          "Tune saved no trial yet: starting the trials"), flush=True)
     uri = state["tracking_uri"]
     with interruptible(name, uri):
         ref_curve = run_baselines(name, space, uri, state["shared"])  # those not finished before
         _init_ray(address or state.get("address"))
-        if tune.Tuner.can_restore(str(tune_root() / name)):
+        if restore:
             tuner = tune.Tuner.restore(str(tune_root() / name), trainable=_trainable(space, state["shared"], ref_curve),
                                        resume_unfinished=True, resume_errored=False, restart_errored=False)
-        else:  # stopped before its first trial (in the baselines): the trials start now
+        else:  # stopped before Tune saved its first state (in the baselines or Tune's start-up): trials start now
+            close_orphan_trials(name, uri)
             tuner = _tuner(space, name, uri, state["shared"], ref_curve)
         tuner.fit()
         check_finished(name, space.trials)
         return finish(name, space, uri, default_confirm(confirm, state["shared"]))
+
+
+def restorable(name: str, space: SearchSpace) -> bool:
+    """Whether Tune saved a state ``resume`` can continue: its experiment state, not only the
+    ``tuner.pkl`` it writes when the Tuner is built. A driver that died between the two (Tune's
+    start-up) left no trial to continue; restoring such a directory made Tune plan one trial
+    (``num_samples`` is not in ``tuner.pkl``) and report a 1-trial search (#14 case 2). A
+    state whose plan is smaller than the space's (left by such a resume) is refused: resuming it
+    can never run the rest."""
+    path = tune_root() / name
+    if not any(path.glob("experiment_state-*.json")):
+        return False
+    planned = planned_by_tune(path)
+    if planned is not None and planned < space.trials:
+        raise TriAccelError(f"search '{name}': its Tune state in {path} plans {planned} of the space's {space.trials} "
+                            f"trials and cannot run the rest: start the search again under another name "
+                            f"(`triaccel search --space {space.source} --name {name}2`)")
+    return True
+
+
+def planned_by_tune(path: Path) -> int | None:
+    """The number of trials Tune's saved search generator will create in all (None if unread)."""
+    try:
+        from ray.tune.utils.util import _load_newest_checkpoint
+
+        state = _load_newest_checkpoint(str(path), "search_gen_state-*.json")
+        return int(state["total_samples"]) if state else None
+    except Exception:  # noqa: BLE001 -- another Ray's layout: restore and let check_finished judge
+        return None
+
+
+def close_orphan_trials(name: str, uri: str) -> None:
+    """Trial runs a driver opened in MLflow before Tune saved any state: they can never resume
+    (their trials are not in Tune's state), so they are closed KILLED as new trials start."""
+    from triaccel.search.callbacks import TAG_ROLE, TAG_SEARCH
+
+    c, exp = _client(uri)
+    for r in c.search_runs([exp], filter_string=f"tags.`{TAG_SEARCH}` = '{name}' and tags.`{TAG_ROLE}` = 'trial' "
+                                                f"and attributes.status = 'RUNNING'", max_results=10000):
+        c.set_terminated(r.info.run_id, status="KILLED")
 
 
 def left_to_run(name: str, planned: int) -> int:

@@ -183,3 +183,38 @@ def test_ctrl_c_in_the_baselines_resumes_into_the_trials(tmp_path):
     assert sorted((r.data.tags["triaccel.role"], r.info.status) for r in all_runs) == [
         ("baseline", "FINISHED"), ("baseline", "KILLED"), ("parent", "FINISHED"), ("trial", "FINISHED"),
         ("trial", "FINISHED")]
+
+
+def test_driver_killed_in_tune_start_up_resumes_the_whole_search(tmp_path):
+    """kill -9 of the driver once Tune wrote tuner.pkl but no experiment state yet (Tune's
+    start-up, seconds long): restoring that directory made Tune plan one trial, and `resume`
+    reported a finished 1-trial search. It must run every trial the space asked for."""
+    import signal
+
+    space = dict(SPACE, trials=3)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    tune_dir = tmp_path / "mlruns" / "tune" / "s"
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "s"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None and not (tune_dir / "tuner.pkl").exists():
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver (and its local Ray) die with no chance to clean up
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL
+    assert (tune_dir / "tuner.pkl").exists() and not list(tune_dir.glob("experiment_state-*.json")), \
+        sorted(p.name for p in tune_dir.iterdir())  # the moment of #14 case 2
+
+    r = cli("resume", "s", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "Tune saved no trial yet: starting the trials" in r.stdout
+    assert "search 's': 3 finished" in r.stdout and "3 trials in MLflow" in r.stdout, r.stdout[-2000:]
+    _, all_runs = runs(tmp_path, "s")
+    trials = [x for x in all_runs if x.data.tags["triaccel.role"] == "trial"]
+    assert len(trials) == 3 and len({t.data.tags["triaccel.trial_id"] for t in trials}) == 3
+    assert all(x.info.status == "FINISHED" for x in all_runs)  # the parent included
