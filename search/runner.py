@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from triaccel.errors import ConfigError, Interrupted, TriAccelError
-from triaccel.search.space import SearchSpace, load_space, parse_space
+from triaccel.search.space import MAX_TRIALS, SearchSpace, load_space, parse_space
 from triaccel.tracking import tracking_uri as resolve_uri
 
 EXPERIMENT = "triaccel-search"
@@ -187,25 +187,32 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     space = load_space(space_path)  # every error surfaces here, before Ray starts
     _check_confirm(confirm)
     check_address(address)
-    for k, v in (("trials", trials), ("concurrency", concurrency), ("gpus_per_trial", gpus_per_trial)):
+    for k, v, ok, want in (("trials", trials, lambda v: 1 <= v <= MAX_TRIALS, f"in [1, {MAX_TRIALS}]"),
+                           ("concurrency", concurrency, lambda v: v >= 1, ">= 1"),
+                           ("gpus_per_trial", gpus_per_trial, lambda v: 0 < v <= 8, "in (0, 8]")):
         if v is not None:
-            if (k == "gpus_per_trial" and not 0 < v <= 8) or (k != "gpus_per_trial" and v < 1):
-                raise ConfigError(f"--{k.replace('_', '-')}: invalid value {v}")
+            if not ok(v):  # NaN fails every comparison
+                raise ConfigError(f"--{k.replace('_', '-')}: invalid value {v} (must be {want})")
             space.raw[k] = v
     space = parse_space(space.raw, source=space.source, sha256=space.sha256)
-    name = name or space.name
-    if not name.replace("-", "").replace("_", "").isalnum():
-        raise ConfigError(f"--name {name!r}: use letters, digits, '-' and '_'")
+    check_name(name if name is not None else space.name, "--name" if name is not None else
+               f"{space.source}: name" if "name" in space.raw else "--name (default: the space file's name)")
+    name = name if name is not None else space.name
+    check_resources(space, address)
     path = tune_root() / name
     if (path / STATE_FILE).exists():
         raise ConfigError(f"search '{name}' already exists in {path}: `triaccel resume {name}` continues it, "
                           f"or choose another --name")
-    uri = resolve_uri(None)
+    uri = usable_store()  # before the search takes its name: an unusable store must leave nothing behind
     shared = shared_trials(space)
-    path.mkdir(parents=True, exist_ok=True)
     state = {"name": name, "space": space.raw, "source": space.source, "sha256": space.sha256, "tracking_uri": uri,
              "address": address, "created": datetime.datetime.now().isoformat(timespec="seconds"), "shared": shared}
-    (path / STATE_FILE).write_text(json.dumps(state, indent=1))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / STATE_FILE).write_text(json.dumps(state, indent=1))
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot write the search's state there ({e.strerror or e}; "
+                          f"TRIACCEL_TUNE_DIR chooses another folder)") from None
     print(f"triaccel search '{name}': {space.trials} trials of {space.source}, {space.concurrency} at a time, "
           f"objective {space.objective}; Tune state in {path}; MLflow {uri} (experiment '{EXPERIMENT}')", flush=True)
     with interruptible(name, uri):
@@ -214,6 +221,46 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
         _tuner(space, name, uri, shared, ref_curve).fit()
         check_finished(name, space.trials)
         return finish(name, space, uri, default_confirm(confirm, shared))
+
+
+NAME_MAX = 100
+
+
+def check_name(name: str, key: str) -> None:
+    """A search name is a folder under mlruns/tune and an MLflow tag value: one path component
+    of letters, digits, '-' and '_' (no '/', '..', quotes or an empty name)."""
+    if not name or len(name) > NAME_MAX or not name.replace("-", "").replace("_", "").isalnum():
+        raise ConfigError(f"{key} {name!r}: use 1 to {NAME_MAX} letters, digits, '-' and '_'")
+
+
+def check_resources(space: SearchSpace, address: str | None) -> None:
+    """On the local Ray a search starts (no --address), a trial asking for more CPUs or GPUs
+    than the machine has can never be scheduled: Tune would wait for it forever."""
+    if address:
+        return  # a cluster's resources are the cluster's to judge
+    cpus = os.cpu_count() or 1
+    if space.cpus_per_trial > cpus:
+        raise ConfigError(f"{space.source}: cpus_per_trial: {space.cpus_per_trial:g} is more than this machine's "
+                          f"{cpus} CPUs: no trial could start")
+    gpus = _gpu_count()
+    if gpus and space.gpus_per_trial > gpus:
+        raise ConfigError(f"{space.source}: gpus_per_trial: {space.gpus_per_trial:g} is more than this machine's "
+                          f"{gpus} GPUs: no trial could start")
+
+
+def usable_store() -> str:
+    """The store the search will write (MLFLOW_TRACKING_URI, else sqlite:///mlruns/mlflow.db),
+    checked once (``tracking.check_store`` through ``client``); an error names where it came from."""
+    from triaccel.tracking import client
+
+    key = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "the MLflow store"
+    try:
+        uri = resolve_uri(None)
+    except OSError as e:  # the folder of a sqlite path cannot be made
+        raise ConfigError(f"{key}: cannot use the MLflow store {os.environ.get('MLFLOW_TRACKING_URI') or 'mlruns/'} "
+                          f"({e.strerror or e}: {e.filename})") from None
+    client(uri, key=key)
+    return uri
 
 
 def resume_search(name: str, address: str | None = None, confirm: int | None = None) -> dict:
@@ -566,11 +613,7 @@ def export(name: str, out: str, how: str = "best", force: bool = False) -> Path:
 
     state = read_state(name)
     space = parse_space(state["space"], source=state["source"], sha256=state["sha256"])
-    p = Path(out)
-    if p.exists() and p.is_dir():
-        raise ConfigError(f"--out {out}: is a directory")
-    if p.exists() and not force:
-        raise ConfigError(f"--out {out}: exists; choose another path or add --force to replace it")
+    p = check_out(out, force)
     uri = state["tracking_uri"]
     o = read_outcome(name, space, uri)
     chosen = pick(o, space.objective, how)
@@ -602,11 +645,34 @@ def export(name: str, out: str, how: str = "best", force: bool = False) -> Path:
             "val_acc_diff_pp": measured["val_acc"] - ref["val_acc"], "accuracy_margin_pp": space.margin,
             **payback(gpu_seconds(o.runs), ref["epoch_time_last5_s"], measured["epoch_time_last5_s"])}
     data["provenance"] = prov
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(f"# Exported by `triaccel export {name}` from MLflow run {row['run_id']} ({chosen.reason}).\n"
-                   f"# Train with: triaccel train --config {p}\n" + yaml.safe_dump(data, sort_keys=False))
-    os.replace(tmp, p)
+    tmp = p.with_name(p.name + ".tmp")
+    try:
+        tmp.write_text(f"# Exported by `triaccel export {name}` from MLflow run {row['run_id']} ({chosen.reason}).\n"
+                       f"# Train with: triaccel train --config {p}\n" + yaml.safe_dump(data, sort_keys=False))
+        os.replace(tmp, p)
+    except OSError as e:  # a full disk, a file system that refuses it: nothing half-written is left
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise ConfigError(f"--out {out}: cannot write it ({e.strerror or e})") from None
+    return p
+
+
+def check_out(out: str, force: bool) -> Path:
+    """``export --out``: a file in a folder that exists and can be written, checked before the
+    store is read (a mistyped folder is not created: it is said, as for ``--space``)."""
+    p = Path(out)
+    if not out or out.endswith(("/", os.sep)) or p.is_dir():
+        raise ConfigError(f"--out {out!r}: names a folder, not a file; give a file path such as "
+                          f"{Path(out or '.') / 'tuned.yaml'}")
+    if p.exists() and not force:
+        raise ConfigError(f"--out {out}: exists; choose another path or add --force to replace it")
+    if p.exists() and not p.is_file():
+        raise ConfigError(f"--out {out}: is not a regular file; export writes a YAML file")
+    folder = p.parent
+    if not folder.is_dir():
+        raise ConfigError(f"--out {out}: no such folder {folder}")
+    if not os.access(folder, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise ConfigError(f"--out {out}: cannot write there (permission denied in {folder})")
     return p
 
 

@@ -52,6 +52,7 @@ TOP_KEYS = {"name", "objective", "trials", "concurrency", "gpus_per_trial", "cpu
             "sampler", "seed", "grace_period", "train", "params", "description", "baseline"}
 BASELINE_KEYS = {"batch_sizes", "amp_dtypes", "capture", "accuracy_margin"}
 PARAM_KEYS = {"distribution", "low", "high", "step", "choices", "above"}
+MAX_TRIALS = 10_000  # Tune rewrites its state, every trial in it, after every event: more is a typo
 FRAC_SUFFIX = "@frac"  # Optuna's name for the position of an `above` parameter within its feasible range
 EPS = 1e-6
 
@@ -181,6 +182,8 @@ def _err(src: str, key: str, msg: str) -> ConfigError:
 
 
 def _num(src, key, v, what):
+    """A finite number (a numeric string too: YAML reads 1e-8 as one): NaN or infinity would
+    reach Optuna's bounds or Tune's resources and fail there, after the search started."""
     if isinstance(v, str):
         try:
             v = float(v)
@@ -188,6 +191,8 @@ def _num(src, key, v, what):
             pass
     if not isinstance(v, (int, float)) or isinstance(v, bool):
         raise _err(src, key, f"{what} must be a number, got {v!r}")
+    if not math.isfinite(v):
+        raise _err(src, key, f"{what} must be a finite number, got {v!r}")
     return v
 
 
@@ -212,6 +217,8 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "") -> SearchS
     params: dict[str, Param] = {}
     for key, spec in raw_params.items():
         pk = f"params.{key}"
+        if not isinstance(key, str) or not key:
+            raise _err(src, pk, "a searched key must be a dotted config key (text), e.g. optim.lr")
         if not isinstance(spec, dict):
             raise _err(src, pk, "must be a mapping with a distribution")
         for sk in spec:
@@ -220,7 +227,10 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "") -> SearchS
         dist = spec.get("distribution")
         if dist not in DISTRIBUTIONS:
             raise _err(src, pk, f"unknown distribution {dist!r} (valid: {', '.join(DISTRIBUTIONS)})")
-        p = Param(key, dist, above=spec.get("above"))
+        above = spec.get("above")
+        if above is not None and not isinstance(above, str):
+            raise _err(src, f"{pk}.above", f"must name another searched key, got {above!r}")
+        p = Param(key, dist, above=above)
         if dist == "categorical":
             ch = spec.get("choices")
             if not isinstance(ch, list) or not ch:
@@ -238,9 +248,12 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "") -> SearchS
             if dist == "int":
                 if int(p.low) != p.low or int(p.high) != p.high:
                     raise _err(src, pk, "int bounds must be integers")
-                p.step = int(spec.get("step", 1))
-                if p.step < 1:
-                    raise _err(src, pk, "step must be >= 1")
+                step = spec.get("step", 1)
+                if isinstance(step, float) and step.is_integer():
+                    step = int(step)
+                if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+                    raise _err(src, f"{pk}.step", f"must be an integer >= 1, got {step!r}")
+                p.step = step
         # the key must be a real config key and every bound a value the config accepts
         for probe in ([p.low, p.high] if p.choices is None else p.choices):
             d = copy.deepcopy(train)
@@ -260,6 +273,8 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "") -> SearchS
             pk = f"params.{key}.above"
             if p.above not in params:
                 raise _err(src, pk, f"{p.above!r} is not a searched key")
+            if p.above == key:
+                raise _err(src, pk, "a key cannot be ordered above itself")
             q = params[p.above]
             if p.distribution not in ("uniform", "loguniform") or q.distribution not in ("uniform", "loguniform"):
                 raise _err(src, pk, "ordered pairs need uniform or loguniform on both sides")
@@ -290,13 +305,13 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "") -> SearchS
         train=copy.deepcopy(train), params=params,
         objective=opt("objective", str, "efficiency", lambda v: v in ("efficiency", "pareto"),
                       "must be efficiency or pareto"),
-        trials=opt("trials", int, 12, lambda v: v >= 1, "must be >= 1"),
+        trials=opt("trials", int, 12, lambda v: 1 <= v <= MAX_TRIALS, f"must be in [1, {MAX_TRIALS}]"),
         concurrency=opt("concurrency", int, 2, lambda v: v >= 1, "must be >= 1"),
         gpus_per_trial=opt("gpus_per_trial", float, 0.25, lambda v: 0 < v <= 8, "must be in (0, 8]"),
         cpus_per_trial=opt("cpus_per_trial", float, 1.0, lambda v: v > 0, "must be > 0"),
         scheduler=opt("scheduler", str, "asha", lambda v: v in ("asha", "none"), "must be asha or none"),
         sampler=opt("sampler", str, "tpe", lambda v: v in ("tpe", "random"), "must be tpe or random"),
-        seed=opt("seed", int, 0),
+        seed=opt("seed", int, 0, lambda v: 0 <= v < 2**32, "must be in [0, 2**32) (the samplers' seed range)"),
         grace_period=opt("grace_period", int, 1, lambda v: v >= 1, "must be >= 1"),
         source=source, sha256=sha256, raw=copy.deepcopy(data))
     (space.baseline_batches, space.baseline_dtypes, space.baseline_capture,

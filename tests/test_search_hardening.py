@@ -218,3 +218,73 @@ def test_driver_killed_in_tune_start_up_resumes_the_whole_search(tmp_path):
     trials = [x for x in all_runs if x.data.tags["triaccel.role"] == "trial"]
     assert len(trials) == 3 and len({t.data.tags["triaccel.trial_id"] for t in trials}) == 3
     assert all(x.info.status == "FINISHED" for x in all_runs)  # the parent included
+
+
+def _search(tmp_path, *args, env=None, timeout=120):
+    return subprocess.run([sys.executable, "-m", "triaccel.cli", "search", *args], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=timeout, env=env or _env())
+
+
+@pytest.mark.parametrize("uri,why", [
+    ("foo://x", "unknown MLflow store scheme 'foo' in foo://x"),
+    ("http://127.0.0.1:{port}", "no MLflow server answers at http://127.0.0.1:{port}"),
+    ("sqlite:///space.yaml/mlflow.db", "cannot use the MLflow store sqlite:///space.yaml/mlflow.db (File exists"),
+])
+def test_unusable_tracking_store_is_one_line_and_takes_no_search_name(tmp_path, uri, why):
+    """MLFLOW_TRACKING_URI that cannot be used: one line naming it, exit 2, before the search writes
+    its state (it was written first, so the name was taken by a search that never ran; a sqlite
+    path under a file was a FileExistsError traceback)."""
+    port = _closed_port()
+    uri, why = uri.format(port=port), why.format(port=port)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
+    r = _search(tmp_path, "--space", "space.yaml", env=dict(_env(), MLFLOW_TRACKING_URI=uri))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"triaccel: error: MLFLOW_TRACKING_URI: {why}"), lines
+    assert not (tmp_path / "mlruns").exists()
+
+
+@pytest.mark.parametrize("args,space,line", [
+    (["--name", ""], {}, "--name '': use 1 to 100 letters, digits, '-' and '_'"),  # was: the space's name, silently
+    (["--name", "a/b"], {}, "--name 'a/b': use 1 to 100 letters, digits, '-' and '_'"),
+    (["--name", ".."], {}, "--name '..': use 1 to 100 letters, digits, '-' and '_'"),
+    ([], {"name": "../x"}, "space.yaml: name '../x': use 1 to 100 letters, digits, '-' and '_'"),
+    ([], {"seed": -1}, "space.yaml: seed: must be in [0, 2**32) (the samplers' seed range)"),
+    ([], {"cpus_per_trial": 1e9}, "space.yaml: cpus_per_trial: 1e+09 is more than this machine's {cpus} CPUs: "
+                                  "no trial could start"),  # Tune waited for it forever
+    (["--trials", str(10**30)], {}, "--trials: invalid value 1000000000000000000000000000000 (must be in [1, 10000])"),
+    (["--gpus-per-trial", "nan"], {}, "--gpus-per-trial: invalid value nan (must be in (0, 8])"),
+])
+def test_bad_search_values_are_one_line_and_write_nothing(tmp_path, args, space, line):
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(dict(SPACE, **space)))
+    r = _search(tmp_path, "--space", "space.yaml", *args)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [f"triaccel: error: {line.format(cpus=os.cpu_count())}"]
+    assert not (tmp_path / "mlruns").exists()
+
+
+def test_export_to_a_path_it_cannot_write_is_one_line_and_writes_nothing(tmp_path):
+    """--out in a folder that does not exist (it was created), a folder, a path under /proc or a
+    device: one line naming --out, exit 2, nothing written; a good path still exports."""
+    space = dict(SPACE, trials=1, concurrency=1)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    r = cli("search", "--space", "space.yaml", "--name", "x", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (tmp_path / "adir").mkdir()
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "mlruns" not in p.parts)
+    for out, extra, line in [
+        ("nodir/tuned.yaml", [], "--out nodir/tuned.yaml: no such folder nodir"),
+        ("adir", [], "--out 'adir': names a folder, not a file; give a file path such as adir/tuned.yaml"),
+        ("new/", [], "--out 'new/': names a folder, not a file; give a file path such as new/tuned.yaml"),
+        ("", [], "--out '': names a folder, not a file; give a file path such as tuned.yaml"),
+        ("/proc/tuned.yaml", [], "--out /proc/tuned.yaml: cannot write "),
+        ("/dev/null", ["--force"], "--out /dev/null: is not a regular file; export writes a YAML file"),
+    ]:
+        r = cli("export", "x", "--out", out, *extra, cwd=tmp_path)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (out, r.stderr[-2000:])
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"triaccel: error: {line}"), (out, lines)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "mlruns" not in p.parts) == before
+    assert not os.path.exists("/proc/tuned.yaml") and os.path.exists("/dev/null")
+    r = cli("export", "x", "--out", "adir/tuned.yaml", cwd=tmp_path)
+    assert r.returncode == 0 and (tmp_path / "adir" / "tuned.yaml").is_file(), r.stderr[-2000:]

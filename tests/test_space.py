@@ -114,3 +114,64 @@ def test_frac_parameter_is_what_optuna_sees():
     v = s.resolve({**{k: (x.low if hasattr(x, "low") else x.choices[0]) for k, x in d.items()},
                    "triaccel.precision.tau_high" + FRAC_SUFFIX: 1.0})
     assert v["triaccel.precision.tau_high"] == pytest.approx(s.params["triaccel.precision.tau_high"].high)
+
+
+def _with(**top):
+    return {"train": {"epochs": 2}, "params": {"optim.lr": {"distribution": "uniform", "low": 0.1, "high": 0.2}},
+            **top}
+
+
+_EVERY = "triaccel.control_every"
+
+
+@pytest.mark.parametrize("data,match", [
+    # bounds and steps that reached Optuna, Tune or numpy and failed there with a traceback, or passed silently
+    (_space(**{_EVERY: {"distribution": "int", "low": 2, "high": 8, "step": "x"}}),
+     f"params.{_EVERY}.step: must be an integer >= 1, got 'x'"),
+    (_space(**{_EVERY: {"distribution": "int", "low": 2, "high": 8, "step": 1.5}}),
+     f"params.{_EVERY}.step: must be an integer >= 1, got 1.5"),
+    (_space(**{_EVERY: {"distribution": "int", "low": 2, "high": 8, "step": 0}}),
+     f"params.{_EVERY}.step: must be an integer >= 1, got 0"),
+    (_space(**{_EVERY: {"distribution": "int", "low": 2, "high": 8, "step": -2}}),
+     f"params.{_EVERY}.step: must be an integer >= 1, got -2"),
+    (_space(**{_EVERY: {"distribution": "int", "low": 2, "high": 8, "step": True}}),
+     f"params.{_EVERY}.step: must be an integer >= 1, got True"),
+    (_space(**{_EVERY: {"distribution": "int", "low": 2, "high": float("inf")}}),
+     f"params.{_EVERY}: high must be a finite number, got inf"),
+    (_space(**{"optim.lr": {"distribution": "loguniform", "low": 0.01, "high": float("inf")}}),
+     "params.optim.lr: high must be a finite number, got inf"),
+    (_space(**{"optim.lr": {"distribution": "uniform", "low": "nan", "high": 0.2}}),
+     "params.optim.lr: low must be a finite number, got nan"),
+    (_space(**{"optim.lr": {"distribution": "uniform", "low": "abc", "high": 0.2}}),
+     "params.optim.lr: low must be a number, got 'abc'"),
+    (_space(**{"optim.lr": {"distribution": "categorical", "choices": []}}),
+     "params.optim.lr: categorical needs a non-empty list of choices"),
+    (_space(**{"optim.lr": {"distribution": "uniform", "low": 0.1, "high": 0.2, "above": ["optim.lr"]}}),
+     "params.optim.lr.above: must name another searched key, got ['optim.lr']"),
+    (_space(**{"optim.lr": {"distribution": "uniform", "low": 0.1, "high": 0.2, "above": "optim.lr"}}),
+     "params.optim.lr.above: a key cannot be ordered above itself"),
+    ({"train": {"epochs": 2}, "params": {5: {"distribution": "uniform", "low": 0.1, "high": 0.2}}},
+     "params.5: a searched key must be a dotted config key (text)"),
+    (_with(trials=0), "trials: must be in [1, 10000]"),
+    (_with(trials=10**30), "trials: must be in [1, 10000]"),
+    (_with(concurrency=0), "concurrency: must be >= 1"),
+    (_with(gpus_per_trial=0), "gpus_per_trial: must be in (0, 8]"),
+    (_with(gpus_per_trial=float("nan")), "gpus_per_trial: gpus_per_trial must be a finite number, got nan"),
+    (_with(gpus_per_trial="x"), "gpus_per_trial: gpus_per_trial must be a number, got 'x'"),
+    (_with(cpus_per_trial=float("inf")), "cpus_per_trial: cpus_per_trial must be a finite number, got inf"),
+    (_with(seed=-1), "seed: must be in [0, 2**32)"),  # numpy refused it in the sampler, after the baselines
+    (_with(seed=2**32), "seed: must be in [0, 2**32)"),
+    (_with(baseline={"accuracy_margin": float("nan")}),
+     "baseline.accuracy_margin: accuracy_margin must be a finite number, got nan"),
+])
+def test_bad_bounds_steps_and_counts_are_one_line_naming_the_key(data, match):
+    with pytest.raises(ConfigError) as e:
+        parse_space(data, source="s.yaml")
+    assert str(e.value).startswith("s.yaml: " + match), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_int_step_written_as_a_whole_float_is_the_integer():
+    s = parse_space(_space(**{_EVERY: {"distribution": "int", "low": 2, "high": 8, "step": 2.0}}), source="s.yaml")
+    assert s.params[_EVERY].step == 2 and isinstance(s.params[_EVERY].step, int)
+    assert s.optuna_distributions()[_EVERY].step == 2
