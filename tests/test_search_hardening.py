@@ -185,16 +185,15 @@ def test_ctrl_c_in_the_baselines_resumes_into_the_trials(tmp_path):
         ("trial", "FINISHED")]
 
 
-def test_driver_killed_in_tune_start_up_resumes_the_whole_search(tmp_path):
-    """kill -9 of the driver once Tune wrote tuner.pkl but no experiment state yet (Tune's
-    start-up, seconds long): restoring that directory made Tune plan one trial, and `resume`
-    reported a finished 1-trial search. It must run every trial the space asked for."""
+def _kill_in_tune_start_up(tmp_path, name):
+    """Start a 3-trial search and kill -9 its driver once Tune wrote tuner.pkl, before its first
+    experiment state (Tune's start-up, seconds long): the on-disk state of #14 case 2."""
     import signal
 
     space = dict(SPACE, trials=3)
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
-    tune_dir = tmp_path / "mlruns" / "tune" / "s"
-    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "s"],
+    tune_dir = tmp_path / "mlruns" / "tune" / name
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", name],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
                             start_new_session=True)
     try:
@@ -209,7 +208,13 @@ def test_driver_killed_in_tune_start_up_resumes_the_whole_search(tmp_path):
     assert proc.returncode == -signal.SIGKILL
     assert (tune_dir / "tuner.pkl").exists() and not list(tune_dir.glob("experiment_state-*.json")), \
         sorted(p.name for p in tune_dir.iterdir())  # the moment of #14 case 2
+    return tune_dir
 
+
+def test_driver_killed_in_tune_start_up_resumes_the_whole_search(tmp_path):
+    """Restoring the directory a driver killed in Tune's start-up leaves made Tune plan one trial,
+    and `resume` reported a finished 1-trial search. It must run every trial the space asked for."""
+    _kill_in_tune_start_up(tmp_path, "s")
     r = cli("resume", "s", cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "Tune saved no trial yet: starting the trials" in r.stdout
@@ -288,3 +293,29 @@ def test_export_to_a_path_it_cannot_write_is_one_line_and_writes_nothing(tmp_pat
     assert not os.path.exists("/proc/tuned.yaml") and os.path.exists("/dev/null")
     r = cli("export", "x", "--out", "adir/tuned.yaml", cwd=tmp_path)
     assert r.returncode == 0 and (tmp_path / "adir" / "tuned.yaml").is_file(), r.stderr[-2000:]
+
+
+def test_tune_state_planning_fewer_trials_than_the_space_is_refused_in_one_line(tmp_path):
+    """The state the earlier `resume` left after a death in Tune's start-up (Tune restored with no
+    experiment state plans one trial): resuming it can never run the rest, so `resume` refuses in
+    one line saying what to do, instead of running nothing and promising `resume` again."""
+    tune_dir = _kill_in_tune_start_up(tmp_path, "f")
+    # what `triaccel resume` did before the fix, run for real: Tune restores tuner.pkl alone
+    old_resume = ("import sys\nfrom ray import tune\nfrom triaccel.search.runner import _init_ray, _trainable, read_state\n"
+                  "from triaccel.search.space import parse_space\nst = read_state('f')\n"
+                  "sp = parse_space(st['space'], source=st['source'], sha256=st['sha256'])\n_init_ray(None)\n"
+                  "tune.Tuner.restore(sys.argv[1], trainable=_trainable(sp, st['shared'], None), "
+                  "resume_unfinished=True).fit()\n")
+    r = subprocess.run([sys.executable, "-c", old_resume, str(tune_dir)], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300, env=_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    _, before = runs(tmp_path, "f", role="trial")
+    assert len(before) == 1  # Tune planned one of the space's three
+
+    r = cli("resume", "f", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [
+        f"triaccel: error: search 'f': its Tune state in {tune_dir} plans 1 of the space's 3 trials and cannot run "
+        f"the rest: start the search again under another name (`triaccel search --space space.yaml --name f2`)"]
+    _, after = runs(tmp_path, "f", role="trial")
+    assert [x.info.run_id for x in after] == [x.info.run_id for x in before]  # nothing ran
