@@ -408,7 +408,7 @@ def list_names() -> list[str]:
 def _client(uri: str):
     from triaccel.tracking import client, ensure_experiment
 
-    c = client(uri)
+    c = client(uri, key="the search's MLflow store (recorded when it started)")  # checked once per process
     return c, ensure_experiment(c, EXPERIMENT)
 
 

@@ -295,6 +295,21 @@ def test_export_to_a_path_it_cannot_write_is_one_line_and_writes_nothing(tmp_pat
     assert r.returncode == 0 and (tmp_path / "adir" / "tuned.yaml").is_file(), r.stderr[-2000:]
 
 
+    # the store the search recorded has gone (a server that stopped): one line naming it, not the train key
+    import json
+
+    state_file = tmp_path / "mlruns" / "tune" / "x" / "triaccel_search.json"
+    port = _closed_port()
+    state_file.write_text(json.dumps(dict(json.loads(state_file.read_text()), tracking_uri=f"http://127.0.0.1:{port}")))
+    for args in (["export", "x", "--out", "again.yaml"], ["resume", "x"]):
+        r = cli(*args, cwd=tmp_path)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert r.stderr.strip().splitlines() == [
+            f"triaccel: error: the search's MLflow store (recorded when it started): no MLflow server answers at "
+            f"http://127.0.0.1:{port} ([Errno 111] Connection refused)"], args
+    assert not (tmp_path / "again.yaml").exists()
+
+
 def test_tune_state_planning_fewer_trials_than_the_space_is_refused_in_one_line(tmp_path):
     """The state the earlier `resume` left after a death in Tune's start-up (Tune restored with no
     experiment state plans one trial): resuming it can never run the rest, so `resume` refuses in
