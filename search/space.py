@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from triaccel.config import TrainConfig, from_dict, read_yaml, set_dotted
+from triaccel.config import MAX_BATCH, TrainConfig, from_dict, read_yaml, set_dotted
 from triaccel.errors import ConfigError
 
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "categorical")
@@ -332,9 +332,9 @@ def _baseline(src: str, spec, base: TrainConfig) -> tuple[list, list, list, floa
             raise _err(src, f"baseline.{k}", f"unknown key (valid: {', '.join(sorted(BASELINE_KEYS))})")
     b0 = base.batch_size
     sizes = spec.get("batch_sizes", [b0, 2 * b0, 4 * b0])
-    if not isinstance(sizes, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1
+    if not isinstance(sizes, list) or not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= MAX_BATCH
                                               for x in sizes):
-        raise _err(src, "baseline.batch_sizes", f"must be a list of integers >= 1, got {sizes!r}")
+        raise _err(src, "baseline.batch_sizes", f"must be a list of integers in [1, {MAX_BATCH}], got {sizes!r}")
     default_dt = base.amp_dtype if base.amp_dtype in ("bf16", "fp16") else "bf16"
     dtypes = spec.get("amp_dtypes", [default_dt])
     if not isinstance(dtypes, list) or not dtypes or not all(d in ("bf16", "fp16") for d in dtypes):

@@ -30,6 +30,7 @@ def _closed_port() -> int:
 
 @pytest.mark.parametrize("setting,match", [
     ("seed=-1", "seed: must be in [0, 2**32), got -1"),
+    ("batch_size=1000000000000000000000000000000", "batch_size: must be in [1, 16777216]"),
     ("seed=99999999999999", "seed: must be in [0, 2**32)"),
     ("device=cuda:abc", "device: must be auto, cpu or cuda[:N], got 'cuda:abc'"),
     ("optim.lr=.inf", "optim.lr: must be > 0 and finite, got inf"),

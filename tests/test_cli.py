@@ -29,7 +29,7 @@ def _one_clean_line(r, match):
     ("model: {name: vgg99}\n", ["--config", "c.yaml"], "model.name: unknown model 'vgg99' (valid: efficientnet_b0, mlp, resnet18, small_cnn)"),
     ("data: {name: mnist}\n", ["--config", "c.yaml"], "data.name: unknown dataset 'mnist'"),
     ("data: {name: imagefolder, data_dir: /no/such/dir}\n", ["--config", "c.yaml"], "/no/such/dir: data_dir does not exist"),
-    ("batch_size: 0\n", ["--config", "c.yaml"], "c.yaml: batch_size: must be >= 1"),
+    ("batch_size: 0\n", ["--config", "c.yaml"], "c.yaml: batch_size: must be in [1, 16777216]"),
     ("epochs: 1\n", ["--config", "c.yaml", "--set", "optim.lr=-2"], "optim.lr: must be > 0"),
     (b"PK\x03\x04\x14\x00\x08\x08\xb5", ["--config", "c.yaml"], "c.yaml: not a YAML text file (not UTF-8: byte 0xb5 at offset 8)"),
     ("# epochs: 3\n", ["--config", "c.yaml"], "c.yaml: is empty (no settings)"),

@@ -21,7 +21,7 @@ def test_unknown_key_names_the_dotted_key(tmp_path):
 
 
 @pytest.mark.parametrize("data,match", [
-    ({"batch_size": 0}, "batch_size: must be >= 1"),
+    ({"batch_size": 0}, r"batch_size: must be in \[1, 16777216\]"),
     ({"batch_size": "big"}, "batch_size: must be an integer"),
     ({"mode": "fp8"}, "mode: must be one of fp32, amp, triaccel"),
     ({"optim": {"lr": -1}}, "optim.lr: must be > 0"),

@@ -20,6 +20,9 @@ import yaml
 from triaccel.errors import ConfigError
 
 
+MAX_BATCH = 2**24  # far above any batch that fits a device; larger values overflow inside torch
+
+
 def _check(cond: bool, key: str, msg: str) -> None:
     if not cond:
         raise ConfigError(f"{key}: {msg}")
@@ -253,10 +256,10 @@ class TrainConfig:
 
     def __post_init__(self):
         _check(self.epochs >= 1, "epochs", f"must be >= 1, got {self.epochs}")
-        _check(self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
+        _check(1 <= self.batch_size <= MAX_BATCH, "batch_size", f"must be in [1, {MAX_BATCH}], got {self.batch_size}")
         _check(self.accum_steps >= 1, "accum_steps", f"must be >= 1, got {self.accum_steps}")
         _check(self.accum_steps <= self.batch_size, "accum_steps", "must be <= batch_size")
-        _check(self.eval_batch_size >= 1, "eval_batch_size", "must be >= 1")
+        _check(1 <= self.eval_batch_size <= MAX_BATCH, "eval_batch_size", f"must be in [1, {MAX_BATCH}]")
         _check(self.capture_cap >= 1, "capture_cap", f"must be >= 1, got {self.capture_cap}")
         _check(self.mode != "amp" or self.amp_dtype != "fp32", "amp_dtype", "amp mode needs bf16 or fp16")
         _check(self.memory_limit_fraction is None or 0 < self.memory_limit_fraction <= 1,
