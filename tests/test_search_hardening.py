@@ -185,27 +185,47 @@ def test_ctrl_c_in_the_baselines_resumes_into_the_trials(tmp_path):
         ("trial", "FINISHED")]
 
 
+# The search's driver, SIGKILLed with its local Ray the moment Tune's Tuner has been built (it
+# writes tuner.pkl as it is built) and before fit() starts the trials and writes the first
+# experiment state. A kill timed from outside (poll for tuner.pkl, then kill) raced Tune's
+# start-up: under load the experiment state could come first. Here the kill is part of the
+# program, at that point: the real CLI, Ray, Tune and MLflow up to it, nothing mocked.
+_DIE_ONCE_TUNER_BUILT = """
+import os, signal, sys
+from triaccel.cli import main
+from triaccel.search import runner
+
+real_tuner = runner._tuner
+
+
+def tuner_then_die(*args, **kwargs):
+    real_tuner(*args, **kwargs)  # tune.Tuner(...) writes tuner.pkl here
+    os.killpg(os.getpgrp(), signal.SIGKILL)  # the driver and its local Ray: no chance to clean up
+
+
+runner._tuner = tuner_then_die
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def _kill_in_tune_start_up(tmp_path, name):
     """Start a 3-trial search and kill -9 its driver once Tune wrote tuner.pkl, before its first
-    experiment state (Tune's start-up, seconds long): the on-disk state of #14 case 2."""
+    experiment state (Tune's start-up): the on-disk state of #14 case 2."""
     import signal
 
     space = dict(SPACE, trials=3)
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     tune_dir = tmp_path / "mlruns" / "tune" / name
-    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", name],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
-                            start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-c", _DIE_ONCE_TUNER_BUILT, "search", "--space", "space.yaml",
+                             "--name", name], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=_env(), start_new_session=True)  # its own group: killpg takes only it
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and proc.poll() is None and not (tune_dir / "tuner.pkl").exists():
-            time.sleep(0.01)
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver (and its local Ray) die with no chance to clean up
-        proc.wait(timeout=60)
+        out, err = proc.communicate(timeout=300)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == -signal.SIGKILL
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of it if it did not get there
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, (proc.returncode, out[-2000:], err[-3000:])
     assert (tune_dir / "tuner.pkl").exists() and not list(tune_dir.glob("experiment_state-*.json")), \
         sorted(p.name for p in tune_dir.iterdir())  # the moment of #14 case 2
     return tune_dir
