@@ -37,6 +37,26 @@ PAIRS = {
     "static_fp16_b96": {"mode": "amp", "amp_dtype": "fp16", "batch_size": 96},
     "static_fp16_b96_deferred": {"mode": "amp", "amp_dtype": "fp16", "batch_size": 96, "deferred_skip": True},
     "triaccel_fisher_b512": {**TRIACCEL, "batch_size": 512},
+    # issue 12: where a Tri-Accel trial's score goes at the reference's own setting (bf16, B=96), one controller at a time
+    "triaccel_off_b96": {"mode": "triaccel", "amp_dtype": "bf16", "batch_size": 96,
+                         "triaccel": {"precision": {"enabled": False}, "curvature": {"enabled": False},
+                                      "batch": {"enabled": False}}},
+    "triaccel_prec_b96": {"mode": "triaccel", "amp_dtype": "bf16", "batch_size": 96,
+                          "triaccel": {"precision": {"scale": "relative"}, "curvature": {"enabled": False},
+                                       "batch": {"enabled": False}}},
+    "triaccel_fisher_b96": {**TRIACCEL, "amp_dtype": "bf16", "batch_size": 96},
+    "triaccel_score_b96": {**TRIACCEL, "amp_dtype": "bf16", "batch_size": 96,
+                           "triaccel": {**TRIACCEL["triaccel"],
+                                        "batch": {"policy": "score", "mode": "paper", "max_batch": 2048}}},
+    # the best Tri-Accel trial of h200_search_vs_static.json (f21cef1a): 1.34 s/epoch alone but 1.90 GiB
+    "triaccel_trial_f21cef1a": {**TRIACCEL, "amp_dtype": "bf16", "batch_size": 192,
+                                "triaccel": {**TRIACCEL["triaccel"],
+                                             "precision": {"scale": "relative", "tau_low": 625.0, "tau_high": 4120.0},
+                                             "curvature": {"method": "fisher", "every": 200, "lr_rule": "normalized",
+                                                           "tau_curv": 512.0, "alpha": 0.0886},
+                                             "batch": {"policy": "score", "mode": "paper", "max_batch": 2048,
+                                                       "grow_factor": 1.72, "rho_high": 0.74, "delta_down": 64,
+                                                       "lr_rule": "sqrt"}}},
     "triaccel_elastic_b96": {**TRIACCEL, "batch_size": 96,
                              "triaccel": {**TRIACCEL["triaccel"],
                                           "batch": {"policy": "score", "mode": "paper", "max_batch": 2048}}},
@@ -59,6 +79,7 @@ def main():
                                        "triaccel_elastic_b96", help=f"comma-separated, of: {', '.join(PAIRS)}")
     ap.add_argument("--seeded", default="static_fp16_b512", help="pairs repeated over --seeds")
     ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--modes", default="eager,captured", help="eager, captured or both")
     args = ap.parse_args()
     base = yaml.safe_load((ROOT / "configs" / "cifar10_jpeg_resnet18.yaml").read_text())
     base = merge(base, {"epochs": args.epochs, "data": {"data_dir": args.data_dir},
@@ -68,14 +89,20 @@ def main():
     seeds = [int(s) for s in args.seeds.split(",")]
     todo = [(p, s) for s in seeds for p in args.pairs.split(",") if s == seeds[0] or p in args.seeded.split(",")]
     for pair, seed in todo:
-        for capture in (False, True):
+        for capture in [m == "captured" for m in args.modes.split(",")]:
             name = f"{pair}_{'captured' if capture else 'eager'}"
             r = train(merge(base, {**PAIRS[pair], "capture": capture}), seed)
             res["runs"].setdefault(name, {})[str(seed)] = r
             print(f"{name} seed {seed}: val {r['val_acc']:.2f} epoch {r['epoch_time_last5_s']:.3f}s "
                   f"peak {r['peak_mem_gib']:.3f} GiB eff {r['efficiency']:.1f} "
-                  f"{'captures %d replays %d capture_s %.2f' % (r['captures'], r['replays'], r['capture_s']) if capture else ''}",
+                  f"{'captures %d replays %d capture_s %.2f' % (r['captures'], r['replays'], r['capture_s']) if capture else ''} "
+                  f"B/epoch {r['batch_per_epoch']} peak/epoch {[round(x, 3) for x in r['peak_per_epoch']]} "
+                  f"pool/epoch {[x if x is None else round(x, 3) for x in r['pool_per_epoch']]} "
+                  f"levels {r.get('levels')} ctrl {r.get('ctrl_timing_s')}",
                   flush=True)
+        if f"{pair}_eager" not in res["runs"] or f"{pair}_captured" not in res["runs"]:
+            write(args.out, res)
+            continue
         ev, cp = res["runs"][f"{pair}_eager"], res["runs"][f"{pair}_captured"]
         summ = {}
         for k in ("efficiency", "epoch_time_last5_s", "peak_mem_gib", "val_acc"):

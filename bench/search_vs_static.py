@@ -47,7 +47,11 @@ def train(d: dict, seed: int) -> dict:
     out = {k: s[k] for k in ("val_acc", "epoch_time_last5_s", "peak_mem_gib", "efficiency", "peak_mem_first_epoch_gib")}
     out.update(wall_s=time.perf_counter() - t0, final_batch=t.batch_size,
                epoch_times=[e["epoch_time_s"] for e in t.history.epochs],
-               batch_per_epoch=[e["batch_size"] for e in t.history.epochs])
+               batch_per_epoch=[e["batch_size"] for e in t.history.epochs],
+               peak_per_epoch=[e["peak_mem_gib"] for e in t.history.epochs],
+               pool_per_epoch=[e.get("graph_pool_gib") for e in t.history.epochs])
+    if t.loop is not None:
+        out["ctrl_timing_s"] = dict(t.loop.timing)
     if t.loop is not None and t.loop.trajectory:
         lv = t.loop.trajectory[-1]["levels"]
         out["levels"] = {x: lv.count(x) for x in ("fp16", "bf16", "fp32")}

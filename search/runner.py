@@ -103,6 +103,17 @@ def _constrained_optuna():
         (``acc_constraint`` <= 0: feasible), so TPE models infeasible trials as infeasible
         instead of as low scores."""
 
+        def __init__(self, *args, start=(), **kw):
+            self._start = [dict(p) for p in start]
+            super().__init__(*args, **kw)
+
+        def _setup_study(self, mode):
+            super()._setup_study(mode)
+            # the space's start points, partial ones too (Ray's points_to_evaluate needs every key):
+            # Optuna runs enqueued trials first, as given, and samples the keys a point leaves out
+            for point in self._start:
+                self._ot_study.enqueue_trial(point, skip_if_exists=True)
+
         def on_trial_complete(self, trial_id, result=None, error=False):
             ot = self._ot_trials.get(trial_id)
             if ot is not None and result and result.get("acc_constraint") is not None \
@@ -131,7 +142,7 @@ def _searcher(space: SearchSpace):
             sampler = optuna.samplers.TPESampler(seed=space.seed, multivariate=True, constant_liar=True,
                                                  n_startup_trials=max(2, min(10, space.trials // 3)))
     alg = _constrained_optuna()(space=space.optuna_distributions(), metric=space.metric, mode=space.mode,
-                                sampler=sampler)
+                                sampler=sampler, start=copy.deepcopy(space.start))
     return ConcurrencyLimiter(alg, max_concurrent=space.concurrency)
 
 

@@ -16,6 +16,8 @@ A space file (``spaces/*.yaml``)::
       amp_dtypes: [bf16]          # default: train.amp_dtype ([] batch_sizes: no baseline)
       capture: [false, true]      # eager and/or captured step (CUDA graphs); default [false]: eager
       accuracy_margin: 0.5        # pp a trial may fall below the reference baseline (default 0.5)
+    start:                        # trials Optuna runs first, as given (any subset of the params;
+      - {triaccel.precision.tau_low: 1.0e-5}   # the rest sampled): a known-good point to beat
     params:                       # the searched keys (dotted TrainConfig paths)
       triaccel.precision.tau_low:  {distribution: loguniform, low: 1.0e-9, high: 1.0e-5}
       triaccel.precision.tau_high: {distribution: loguniform, low: 1.0e-7, high: 1.0e-2,
@@ -34,6 +36,12 @@ part of its range above OTHER's value, ``x = lo' + u (high - lo')`` with
 ``lo' = max(low, OTHER * (1 + 1e-6))`` (in log space for loguniform). Optuna sees a fixed
 box (OTHER and u), so TPE's multivariate model works unchanged. Every error is one line
 naming the file and the key.
+
+``start`` points are enqueued (Ray's ``points_to_evaluate``, Optuna's ``enqueue_trial``) before
+any sampled trial: the search begins from what the space's author knows works (the shipped
+spaces start from "every layer 16-bit, curvature barely scaling the lr, no promotions", the
+Tri-Accel loop's nearest point to the static reference) and TPE models around it. A value of
+an ``above`` parameter is given in real units and must lie above its partner's.
 """
 from __future__ import annotations
 
@@ -49,7 +57,7 @@ from triaccel.errors import ConfigError
 
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "categorical")
 TOP_KEYS = {"name", "objective", "trials", "concurrency", "gpus_per_trial", "cpus_per_trial", "scheduler",
-            "sampler", "seed", "grace_period", "train", "params", "description", "baseline"}
+            "sampler", "seed", "grace_period", "train", "params", "description", "baseline", "start"}
 BASELINE_KEYS = {"batch_sizes", "amp_dtypes", "capture", "accuracy_margin"}
 PARAM_KEYS = {"distribution", "low", "high", "step", "choices", "above"}
 MAX_TRIALS = 10_000  # Tune rewrites its state, every trial in it, after every event: more is a typo
@@ -86,6 +94,7 @@ class SearchSpace:
     baseline_dtypes: list = field(default_factory=list)
     baseline_capture: list = field(default_factory=lambda: [False])
     margin: float = 0.5
+    start: list = field(default_factory=list)  # points to evaluate first, in Optuna's names (``sampled``)
     source: str = "<dict>"
     sha256: str = ""
     raw: dict = field(default_factory=dict)
@@ -128,6 +137,25 @@ class SearchSpace:
             else:
                 out[k] = lo + u * (p.high - lo)
             out[k] = min(max(out[k], lo), p.high)  # exp(log(x)) may round just outside the bounds
+        return out
+
+    def sampled(self, values: dict) -> dict:
+        """The inverse of ``resolve`` for a (partial) point: real values -> Optuna's names, an
+        ``above`` parameter as its position within the range left above its partner."""
+        out = {}
+        for k, v in values.items():
+            p = self.params[k]
+            if not p.above:
+                out[k] = v
+                continue
+            other = float(values[p.above])
+            lo = max(p.low, other * (1 + EPS) if other > 0 else other + EPS)
+            if p.distribution == "loguniform":
+                span = math.log(p.high) - math.log(lo)
+                u = (math.log(v) - math.log(lo)) / span if span > 0 else 0.0
+            else:
+                u = (v - lo) / (p.high - lo) if p.high > lo else 0.0
+            out[k + FRAC_SUFFIX] = min(1.0, max(0.0, u))
         return out
 
     def _ordered(self):
@@ -316,9 +344,45 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "") -> SearchS
         source=source, sha256=sha256, raw=copy.deepcopy(data))
     (space.baseline_batches, space.baseline_dtypes, space.baseline_capture,
      space.margin) = _baseline(src, data.get("baseline"), base)
+    space.start = _start(src, data.get("start"), space)
     if space.grace_period > base.epochs:
         raise _err(src, "grace_period", f"must be <= train.epochs ({base.epochs})")
     return space
+
+
+def _start(src: str, spec, space: SearchSpace) -> list:
+    """The ``start`` points, checked against the params' ranges, in Optuna's names."""
+    if spec is None:
+        return []
+    if not isinstance(spec, list):
+        raise _err(src, "start", "must be a list of points (mappings of searched keys to values)")
+    out = []
+    for i, point in enumerate(spec):
+        sk = f"start[{i}]"
+        if not isinstance(point, dict) or not point:
+            raise _err(src, sk, "must be a non-empty mapping of searched keys to values")
+        later = lambda kv: bool(space.params.get(kv[0]) and space.params[kv[0]].above)  # noqa: E731
+        for k, v in sorted(point.items(), key=later):  # an ordered key after its partner
+            p = space.params.get(k)
+            if p is None:
+                raise _err(src, f"{sk}.{k}", "not a searched key (a start point sets params only)")
+            if p.choices is not None:
+                if v not in p.choices:
+                    raise _err(src, f"{sk}.{k}", f"{v!r} is not one of the choices {p.choices}")
+                continue
+            v = _num(src, f"{sk}.{k}", v, "the value")
+            if not p.low <= v <= p.high:
+                raise _err(src, f"{sk}.{k}", f"{v} is outside the range [{p.low}, {p.high}]")
+            if p.distribution == "int" and (v - p.low) % (p.step or 1):
+                raise _err(src, f"{sk}.{k}", f"{v} is not on the int grid (low {p.low}, step {p.step})")
+            point[k] = int(v) if p.distribution == "int" else v
+            if p.above:
+                if p.above not in point:
+                    raise _err(src, f"{sk}.{k}", f"needs {p.above} in the same point (it is ordered above it)")
+                if not v > float(point[p.above]):
+                    raise _err(src, f"{sk}.{k}", f"{v} must be above {p.above} ({point[p.above]})")
+        out.append(space.sampled(point))
+    return out
 
 
 def _baseline(src: str, spec, base: TrainConfig) -> tuple[list, list, list, float]:

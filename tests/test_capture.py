@@ -143,3 +143,28 @@ def test_deferred_skip_with_a_captured_fp16_step_matches_the_synchronous_check()
     assert deferred.schedule.done == sync.schedule.done
     # fused SGD against the default one: equal up to summation order
     assert torch.allclose(_params(deferred), _params(sync), rtol=1e-3, atol=1e-4)
+
+
+@cuda
+def test_a_batch_change_drops_the_graphs_and_releases_their_pool():
+    """A shared pool keeps the largest working set any graph ever needed: after the batch moves,
+    the old graphs are dropped and the pool released, so the peak reflects the new size only."""
+    from triaccel.trainer import Decisions
+
+    cfg = small_cfg(device="cuda", mode="amp", amp_dtype="bf16", epochs=1, batch_size=256, capture="true",
+                    cudnn_benchmark="false")
+    t = Trainer(cfg, log=lambda *a: None).setup()
+    idx = torch.arange(256, device="cuda")
+    for _ in range(3):  # eager, recorded, replayed
+        t.train_step(idx)
+    big = t.graphs.extra_bytes
+    assert t.graphs.captures == 1 and big > 0
+    t.apply(Decisions(batch_size=16, micro_batch=16))
+    assert t.graphs.resets == 1 and not t.graphs.graphs and t.graphs.extra_bytes == 0
+    small = torch.arange(16, device="cuda")
+    for _ in range(3):
+        t.train_step(small)
+    assert t.graphs.captures == 2 and t.graphs.replays >= 2
+    assert 0 < t.graphs.extra_bytes < big  # the new pool holds the small batch's activations only
+    t.apply(Decisions(batch_size=16))  # no change: the graphs stay
+    assert t.graphs.resets == 1 and len(t.graphs.graphs) == 1

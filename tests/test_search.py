@@ -29,6 +29,8 @@ SPACE = {
               "eval_batch_size": 512,
               "triaccel": {"control_every": 5, "curvature": {"method": "fisher", "every": 10},
                            "batch": {"budget_gb": 0.004, "min_batch": 16}}},
+    # the first trial, as given (Optuna's enqueued trial): tau_high in real units above tau_low
+    "start": [{"triaccel.precision.tau_low": 2e-5, "triaccel.precision.tau_high": 0.05}],
     "params": {
         "triaccel.precision.tau_low": {"distribution": "loguniform", "low": 1e-8, "high": 1e-4},
         "triaccel.precision.tau_high": {"distribution": "loguniform", "low": 1e-6, "high": 1e-1,
@@ -101,6 +103,16 @@ def test_every_metric_of_every_trial_arrives(searched):
         arts = {a.path for a in c.list_artifacts(r.info.run_id, "triaccel")}
         assert "triaccel/trajectory.csv" in arts and "triaccel/precision_heatmap.png" in arts
     assert total == 6 * sum(1 for _ in finished) * 3  # 6 keys x 3 epochs per finished trial
+
+
+def test_the_start_point_runs_first_as_given(searched):
+    d, _ = searched
+    _, runs = trial_runs(d, "t1")
+    tau = lambda r, k: float(r.data.params[f"search.triaccel.precision.{k}"])  # noqa: E731
+    (start,) = [r for r in runs if tau(r, "tau_low") == pytest.approx(2e-5)]  # once, the rest are sampled
+    assert tau(start, "tau_high") == pytest.approx(0.05, rel=1e-6)
+    first_wave = sorted(runs, key=lambda r: r.info.start_time)[:SPACE["concurrency"]]
+    assert start in first_wave  # asked for before any sampled trial
 
 
 def test_diverging_trial_fails_with_reason_and_search_goes_on(searched):

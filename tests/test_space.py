@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
+from triaccel.config import from_dict
 from triaccel.errors import ConfigError
 from triaccel.search.space import FRAC_SUFFIX, load_space, parse_space
 
@@ -175,3 +176,57 @@ def test_int_step_written_as_a_whole_float_is_the_integer():
     s = parse_space(_space(**{_EVERY: {"distribution": "int", "low": 2, "high": 8, "step": 2.0}}), source="s.yaml")
     assert s.params[_EVERY].step == 2 and isinstance(s.params[_EVERY].step, int)
     assert s.optuna_distributions()[_EVERY].step == 2
+
+
+def test_start_points_reach_optuna_in_its_names_and_resolve_back():
+    s = parse_space(_with(params={
+        "triaccel.precision.tau_low": {"distribution": "loguniform", "low": 1e-2, "high": 1e3},
+        "triaccel.precision.tau_high": {"distribution": "loguniform", "low": 1e-1, "high": 1e4,
+                                        "above": "triaccel.precision.tau_low"},
+        "batch_size": {"distribution": "categorical", "choices": [96, 192]},
+        "triaccel.batch.delta_down": {"distribution": "int", "low": 16, "high": 128, "step": 16}},
+        start=[{"triaccel.precision.tau_high": 500.0, "triaccel.precision.tau_low": 3.0, "batch_size": 192,
+                "triaccel.batch.delta_down": 48.0}]), source="s.yaml")
+    (pt,) = s.start
+    assert set(pt) == {"triaccel.precision.tau_low", "triaccel.precision.tau_high" + FRAC_SUFFIX, "batch_size",
+                       "triaccel.batch.delta_down"}
+    assert 0 < pt["triaccel.precision.tau_high" + FRAC_SUFFIX] < 1
+    assert pt["triaccel.batch.delta_down"] == 48 and isinstance(pt["triaccel.batch.delta_down"], int)
+    back = s.resolve(pt)
+    assert back["triaccel.precision.tau_high"] == pytest.approx(500.0)
+    assert back["triaccel.precision.tau_low"] == 3.0 and back["batch_size"] == 192
+    s.train_config(back)  # a start point is a config the trainer accepts
+
+
+_TAU = {"triaccel.precision.tau_low": {"distribution": "loguniform", "low": 1e-2, "high": 1e3},
+        "triaccel.precision.tau_high": {"distribution": "loguniform", "low": 1e-1, "high": 1e4,
+                                        "above": "triaccel.precision.tau_low"}}
+
+
+@pytest.mark.parametrize("start,match", [
+    ({"a": 1}, "start: must be a list of points"),
+    ([{}], r"start\[0\]: must be a non-empty mapping"),
+    ([{"optim.lr": 0.1}], r"start\[0\].optim.lr: not a searched key"),
+    ([{"triaccel.precision.tau_low": 5e3}], r"start\[0\].triaccel.precision.tau_low: 5000.0 is outside the range"),
+    ([{"triaccel.precision.tau_low": "high"}], r"start\[0\].triaccel.precision.tau_low: the value must be a number"),
+    ([{"triaccel.precision.tau_high": 50.0}], r"start\[0\].triaccel.precision.tau_high: needs triaccel.precision.tau_low"),
+    ([{"triaccel.precision.tau_low": 60.0, "triaccel.precision.tau_high": 50.0}],
+     r"start\[0\].triaccel.precision.tau_high: 50.0 must be above triaccel.precision.tau_low"),
+])
+def test_bad_start_points_are_one_line_naming_the_point_and_key(start, match):
+    with pytest.raises(ConfigError, match="s.yaml: " + match):
+        parse_space(_with(params=dict(_TAU), start=start), source="s.yaml")
+
+
+def test_relative_precision_thresholds_default_to_every_layer_16_bit_on_resnet18_ratios():
+    """Unset, relative tau keeps a layer 16-bit up to 200x the median layer's variance (ResNet-18/CIFAR-10
+    ratios at the start of training: 0.08 .. 112); absolute keeps the paper's kind of value."""
+    from triaccel.config import PrecisionConfig
+    from triaccel.controllers import PrecisionController
+
+    rel = from_dict(PrecisionConfig, {"scale": "relative"})
+    assert (rel.tau_low, rel.tau_high) == (200.0, 1e4)
+    assert (from_dict(PrecisionConfig, {}).tau_low, from_dict(PrecisionConfig, {}).tau_high) == (1e-7, 1e-4)
+    ratios = [44.2, 12.0, 8.97, 6.12, 4.28, 2.06, 1.51, 1.0, 0.5, 0.24, 0.11, 0.08, 111.8]
+    dec = PrecisionController(rel, len(ratios), initial="fp16").update(ratios, 1)
+    assert set(dec.levels) == {"fp16"}

@@ -272,6 +272,7 @@ class Trainer:
         restored checkpoints). Called between steps; the next step uses the new values."""
         if d is None:
             return
+        shapes_before = (self.batch_size, self.micro_batch, torch.backends.cudnn.benchmark)
         self._applying = True
         try:
             if d.batch_size is not None:
@@ -290,6 +291,9 @@ class Trainer:
                 self.precision.set(name, lvl)
         if d.cudnn_benchmark is not None and self.device.type == "cuda":
             torch.backends.cudnn.benchmark = d.cudnn_benchmark
+        if self.graphs is not None and (self.batch_size, self.micro_batch,
+                                        torch.backends.cudnn.benchmark) != shapes_before:
+            self.graphs.reset()  # new shapes (or algorithms): the old graphs' pool would only add to the peak
 
     def _make_optimizer(self, groups):
         """torch.optim for fp32/amp; in triaccel mode the fused one-launch kernels on CUDA
