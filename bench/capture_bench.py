@@ -29,6 +29,19 @@ TRIACCEL = {"mode": "triaccel", "amp_dtype": "fp16",
             "triaccel": {"control_every": 50, "precision": {"scale": "relative"},
                          "curvature": {"method": "fisher", "every": 200, "lr_rule": "normalized"},
                          "batch": {"enabled": False}}}
+def merge(a: dict, b: dict) -> dict:
+    out = copy.deepcopy(a)
+    for k, v in b.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+START = {"mode": "triaccel", "amp_dtype": "fp16", "batch_size": 96,
+         "triaccel": {"control_every": 50, "precision": {"scale": "relative", "tau_low": 1000.0, "tau_high": 10000.0},
+                      "curvature": {"method": "fisher", "every": 200, "lr_rule": "normalized", "tau_curv": 1000.0,
+                                    "alpha": 0.001},
+                      "batch": {"policy": "score", "mode": "paper", "max_batch": 2048, "grow_factor": 1.66,
+                                "rho_high": 0.865, "delta_down": 80, "lr_rule": "none"}}}
 PAIRS = {
     "static_fp16_b512": {"mode": "amp", "amp_dtype": "fp16", "batch_size": 512},
     "static_bf16_b512": {"mode": "amp", "amp_dtype": "bf16", "batch_size": 512},
@@ -48,6 +61,13 @@ PAIRS = {
     "triaccel_score_b96": {**TRIACCEL, "amp_dtype": "bf16", "batch_size": 96,
                            "triaccel": {**TRIACCEL["triaccel"],
                                         "batch": {"policy": "score", "mode": "paper", "max_batch": 2048}}},
+    # the space's start point (spaces/cifar10_jpeg_resnet18.yaml), as trial 446a928a ran it: 0.95x the reference
+    "ta_start_b96": START,
+    "ta_start_b96_nobatch": merge(START, {"triaccel": {"batch": {"enabled": False}}}),
+    "ta_start_b96_nopromote": merge(START, {"triaccel": {"precision": {"overflow_promote": False}}}),
+    "ta_off_b96_fp16": {"mode": "triaccel", "amp_dtype": "fp16", "batch_size": 96,
+                        "triaccel": {"precision": {"enabled": False}, "curvature": {"enabled": False},
+                                     "batch": {"enabled": False}}},
     # the best Tri-Accel trial of h200_search_vs_static.json (f21cef1a): 1.34 s/epoch alone but 1.90 GiB
     "triaccel_trial_f21cef1a": {**TRIACCEL, "amp_dtype": "bf16", "batch_size": 192,
                                 "triaccel": {**TRIACCEL["triaccel"],
@@ -61,13 +81,6 @@ PAIRS = {
                              "triaccel": {**TRIACCEL["triaccel"],
                                           "batch": {"policy": "score", "mode": "paper", "max_batch": 2048}}},
 }
-
-
-def merge(a: dict, b: dict) -> dict:
-    out = copy.deepcopy(a)
-    for k, v in b.items():
-        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
-    return out
 
 
 def main():
@@ -98,7 +111,8 @@ def main():
                   f"{'captures %d replays %d capture_s %.2f' % (r['captures'], r['replays'], r['capture_s']) if capture else ''} "
                   f"B/epoch {r['batch_per_epoch']} peak/epoch {[round(x, 3) for x in r['peak_per_epoch']]} "
                   f"pool/epoch {[x if x is None else round(x, 3) for x in r['pool_per_epoch']]} "
-                  f"levels {r.get('levels')} ctrl {r.get('ctrl_timing_s')}",
+                  f"levels {r.get('levels')} ctrl {r.get('ctrl_timing_s')} plan {r.get('plan_changes')} "
+                  f"batch {r.get('batch_actions')} skipped {r.get('skipped_steps')}",
                   flush=True)
         if f"{pair}_eager" not in res["runs"] or f"{pair}_captured" not in res["runs"]:
             write(args.out, res)

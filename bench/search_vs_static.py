@@ -52,6 +52,16 @@ def train(d: dict, seed: int) -> dict:
                pool_per_epoch=[e.get("graph_pool_gib") for e in t.history.epochs])
     if t.loop is not None:
         out["ctrl_timing_s"] = dict(t.loop.timing)
+        changes, last = [], None  # the precision plan over the run, where it changed: (step, fp16, bf16, fp32)
+        for row in t.loop.trajectory:
+            c = tuple(row["levels"].count(x) for x in ("fp16", "bf16", "fp32"))
+            if c != last:
+                changes.append((row["step"], *c))
+                last = c
+        out["plan_changes"] = changes
+        out["batch_actions"] = [(row["step"], row["batch_action"], row["batch_size"]) for row in t.loop.trajectory
+                                if row.get("batch_action") not in (None, "hold", "cooldown")]
+    out["skipped_steps"] = t.skipped_steps
     if t.loop is not None and t.loop.trajectory:
         lv = t.loop.trajectory[-1]["levels"]
         out["levels"] = {x: lv.count(x) for x in ("fp16", "bf16", "fp32")}

@@ -284,3 +284,27 @@ def test_probe_auto_is_exact_for_shallow_models_and_batched_for_deep_ones():
     t, loop = tri_trainer(log=logs.append, **{"epochs": 1, "model.name": "efficientnet_b0", "data.image_size": 32})
     assert loop.L > 32 and loop.probe.mode == "batched"
     assert any("probe auto: batched for" in m for m in logs)
+
+
+@pytest.mark.parametrize("every,samples", [(1, 19), (5, 4), (None, 2)])  # 1: step 1 fed the first refresh
+def test_gradient_statistics_are_sampled_every_stats_every_steps(every, samples):
+    """The statistics launch runs on every stats_every-th step only (unset: min(10, control_every)),
+    and each window still gets a sample: the precision controller reads a filled EMA at step 10."""
+    over = {"mode": "triaccel", "triaccel.batch.enabled": "false", "triaccel.curvature.method": "fisher",
+            "triaccel.curvature.every": 1000, "triaccel.control_every": 10}
+    if every is not None:
+        over["triaccel.stats_every"] = every
+    cfg = small_cfg(**over)
+    loop = TriAccelLoop(cfg.triaccel, log=lambda *a: None)
+    t = Trainer(cfg, callbacks=[loop], log=lambda *a: None).setup()
+    for i in range(20):
+        t.train_step(torch.arange(16 * i, 16 * i + 16))
+    assert loop.fisher_n == samples
+    assert all(v > 0 for v in loop.trajectory[0]["variance"])
+
+
+def test_stats_every_above_control_every_is_refused():
+    from triaccel.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"triaccel.stats_every: must be in \[1, control_every \(10\)\]"):
+        small_cfg(**{"mode": "triaccel", "triaccel.control_every": 10, "triaccel.stats_every": 20})

@@ -130,6 +130,8 @@ class TriAccelLoop(Callback):
     def on_grads_ready(self, tr, n_examples):
         if not self.needs_stats:
             return  # neither the precision controller nor the Fisher proxy reads them: no launch
+        if (tr.step_count + 1) % self.cfg.stats_every:
+            return  # sampled every stats_every steps (<= control_every: every window has a sample)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.tensors]
         # two launches on CUDA: per-layer sums straight into one row per group, then the EMA update
         per = grad_stats(grads, backend=self.kernel_backend, segments=self.tensor_group,
