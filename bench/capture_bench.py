@@ -42,6 +42,9 @@ START = {"mode": "triaccel", "amp_dtype": "fp16", "batch_size": 96,
                                     "alpha": 0.001},
                       "batch": {"policy": "score", "mode": "paper", "max_batch": 2048, "grow_factor": 1.66,
                                 "rho_high": 0.865, "delta_down": 80, "lr_rule": "none"}}}
+OFF_FP16 = {"mode": "triaccel", "amp_dtype": "fp16", "batch_size": 96,
+            "triaccel": {"precision": {"enabled": False}, "curvature": {"enabled": False},
+                         "batch": {"enabled": False}}}
 PAIRS = {
     "static_fp16_b512": {"mode": "amp", "amp_dtype": "fp16", "batch_size": 512},
     "static_bf16_b512": {"mode": "amp", "amp_dtype": "bf16", "batch_size": 512},
@@ -65,9 +68,12 @@ PAIRS = {
     "ta_start_b96": START,
     "ta_start_b96_nobatch": merge(START, {"triaccel": {"batch": {"enabled": False}}}),
     "ta_start_b96_nopromote": merge(START, {"triaccel": {"precision": {"overflow_promote": False}}}),
-    "ta_off_b96_fp16": {"mode": "triaccel", "amp_dtype": "fp16", "batch_size": 96,
-                        "triaccel": {"precision": {"enabled": False}, "curvature": {"enabled": False},
-                                     "batch": {"enabled": False}}},
+    "ta_off_b96_fp16": OFF_FP16,
+    # where the loop's remaining 9% goes (h200_triaccel_start_diag2.json: controllers off 1.24 s/epoch, static
+    # fp16 1.13): the Triton fused SGD against torch's fused SGD over the same per-layer groups, and the
+    # control window's host reads (one per 50 steps) against one per 1000
+    "ta_off_b96_fp16_torchopt": merge(OFF_FP16, {"triaccel": {"kernels": "torch"}}),
+    "ta_off_b96_fp16_window1000": merge(OFF_FP16, {"triaccel": {"control_every": 1000}}),
     # the best Tri-Accel trial of h200_search_vs_static.json (f21cef1a): 1.34 s/epoch alone but 1.90 GiB
     "triaccel_trial_f21cef1a": {**TRIACCEL, "amp_dtype": "bf16", "batch_size": 192,
                                 "triaccel": {**TRIACCEL["triaccel"],

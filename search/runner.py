@@ -49,14 +49,32 @@ def check_address(address: str | None) -> None:
     """Fail in seconds where nothing answers at ``--address HOST:PORT`` (or ``ray://HOST:PORT``):
     ``ray.init`` retries such an address for minutes. Ray reaches a loopback host through this
     node's IP, so either answering will do; ``auto`` and ``local`` are Ray's to resolve."""
-    if not address or address in ("auto", "local"):
+    if not address or address == "local":
         return
     import socket
+
+    label = address
+    if address == "auto":  # Ray's own discovery (RAY_ADDRESS, the last `ray start`, a running GCS), now, not after the baselines
+        try:
+            from ray._private.services import canonicalize_bootstrap_address
+        except ImportError:
+            return
+        try:
+            found = canonicalize_bootstrap_address("auto")
+        except ConnectionError:  # Ray's "Could not find any running Ray instance"
+            found = None
+        except Exception as e:  # noqa: BLE001
+            raise TriAccelError(f"--address auto: cannot find a Ray cluster "
+                                f"({str(e).splitlines()[0][:160] if str(e) else type(e).__name__})") from None
+        if not found:
+            raise TriAccelError("--address auto: no running Ray cluster found on this machine; start one with "
+                                "`ray start --head`, or leave --address out for a local one")
+        address, label = found, f"auto (found {found})"
 
     host, sep, port = address.split("://", 1)[-1].rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise TriAccelError(f"--address {address}: expected HOST:PORT, ray://HOST:PORT or auto")
+        raise TriAccelError(f"--address {label}: expected HOST:PORT, ray://HOST:PORT or auto")
     hosts = [host]
     if host in ("localhost", "127.0.0.1", "::1"):
         from ray.util import get_node_ip_address
@@ -69,8 +87,36 @@ def check_address(address: str | None) -> None:
             return
         except OSError as e:
             why = why or e.strerror or str(e) or type(e).__name__
-    raise TriAccelError(f"--address {address}: cannot join a Ray cluster there (nothing answers on "
+    raise TriAccelError(f"--address {label}: cannot join a Ray cluster there (nothing answers on "
                         f"{host}:{port}: {why})")
+
+
+def _token_auth_for_this_node(address: str) -> None:
+    """Joining a cluster of this machine by its address: use the node's token as ``auto`` does.
+
+    ``ray start --head`` turns token authentication on where a token exists (``~/.ray/auth_token``,
+    written by any earlier local ``ray.init``), and ``ray.init(address="auto")`` then finds and
+    sends it, but an explicit address never does (Ray will not send a token to an address it was
+    merely given): the address ``ray start`` prints could not be joined. For this machine's own
+    addresses (loopback, this node's IP) the token stays on the machine, so it is used; for any
+    other host the user says so with RAY_AUTH_MODE=token, and the error says how.
+    """
+    if os.environ.get("RAY_AUTH_MODE") is not None or address in ("auto", "local"):
+        return
+    host = address.split("://", 1)[-1].rpartition(":")[0].strip("[]")
+    from ray.util import get_node_ip_address
+
+    if host not in ("localhost", "127.0.0.1", "::1", get_node_ip_address()):
+        return
+    token_file = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    if os.environ.get("RAY_AUTH_TOKEN") or token_file.is_file():
+        os.environ["RAY_AUTH_MODE"] = "token"
+        try:  # Ray read its config when it was imported: refresh it, as Ray's own `auto` path does
+            from ray._raylet import Config
+
+            Config.initialize("")
+        except Exception:  # noqa: BLE001 -- a Ray without it reads the variable at ray.init
+            pass
 
 
 def _init_ray(address: str | None, quiet: bool = True) -> None:
@@ -86,11 +132,16 @@ def _init_ray(address: str | None, quiet: bool = True) -> None:
         return
     kw = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, configure_logging=True)
     if address:
+        _token_auth_for_this_node(address)
         try:
             ray.init(address=address, **kw)
-        except (ConnectionError, RuntimeError, ValueError) as e:
-            raise TriAccelError(f"--address {address}: cannot join a Ray cluster there "
-                                f"({str(e).splitlines()[0][:200]})") from None
+        except Exception as e:  # noqa: BLE001 -- connection, auth and bad-address errors alike: one line
+            hint = ""
+            if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+                hint = ("; if the cluster uses token authentication (what `ray start` turns on where "
+                        "~/.ray/auth_token exists), set RAY_AUTH_MODE=token and its token in RAY_AUTH_TOKEN")
+            first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+            raise TriAccelError(f"--address {address}: cannot join a Ray cluster there ({first}){hint}") from None
     else:  # a new local instance, even where a `ray start` cluster runs (joining one is what --address is for)
         ray.init(address="local", num_cpus=os.cpu_count(), **kw)
 

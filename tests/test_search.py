@@ -6,6 +6,7 @@ the tests read it back. A second search is killed with SIGKILL and resumed.
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -401,7 +402,8 @@ def test_pareto_search_exports_a_front_member(tmp_path):
 
 
 def test_address_joins_an_existing_cluster_and_a_plain_search_stays_local(tmp_path):
-    """`ray start --head` as a user would; --address auto joins it, a search without --address does not."""
+    """`ray start --head` as a user would; the address it prints and --address auto join it, a search
+    without --address does not."""
     import shutil
 
     ray_bin = shutil.which("ray") or str(Path(sys.executable).parent / "ray")
@@ -409,14 +411,22 @@ def test_address_joins_an_existing_cluster_and_a_plain_search_stays_local(tmp_pa
     space["params"] = {k: v for k, v in SPACE["params"].items() if k != "optim.lr"}
     space["train"] = dict(SPACE["train"], epochs=1)
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    # a token on the machine (any earlier local ray.init writes one): `ray start` then turns token auth on
+    subprocess.run([ray_bin, "get-auth-token", "--generate"], capture_output=True, timeout=120, env=env)
     r = subprocess.run([ray_bin, "start", "--head", "--port=6391", "--num-cpus=2", "--include-dashboard=false"],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
+    printed = re.search(r"--address='([^']+)'", r.stdout + r.stderr)  # what `ray start` tells the user to use
+    assert printed, (r.stdout + r.stderr)[-2000:]
     try:
-        r = cli("search", "--space", "space.yaml", "--name", "joined", "--address", "auto", cwd=tmp_path)
-        assert r.returncode == 0, r.stderr[-3000:]
-        _, runs = trial_runs(tmp_path, "joined")
-        assert len(runs) == 2 and all(x.info.status == "FINISHED" for x in runs)
+        # --address as printed (this node's IP; issue 14 case 14: with token authentication on, as
+        # `ray start` turns it on wherever ~/.ray/auth_token exists, it could not be joined), then auto
+        for name, address in (("joined", printed.group(1)), ("joined_auto", "auto")):
+            r = cli("search", "--space", "space.yaml", "--name", name, "--address", address, cwd=tmp_path)
+            assert r.returncode == 0, (address, r.stderr[-3000:])
+            _, runs = trial_runs(tmp_path, name)
+            assert len(runs) == 2 and all(x.info.status == "FINISHED" for x in runs)
         r = cli("search", "--space", "space.yaml", "--name", "local", cwd=tmp_path)
         assert r.returncode == 0, r.stderr[-3000:]  # a running cluster does not break a local search
     finally:

@@ -71,6 +71,23 @@ def test_address_where_no_cluster_answers_fails_in_seconds_and_writes_nothing(tm
     assert not (tmp_path / "mlruns").exists()  # no search state: the same command works once the cluster runs
 
 
+def test_address_auto_without_a_cluster_fails_before_the_baselines(tmp_path):
+    """--address auto where no `ray start` cluster runs: one line, before the baselines train (it used
+    to fail only after them, in ray.init)."""
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--address", "auto"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert time.monotonic() - t0 < 60
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    (line,) = r.stderr.strip().splitlines()
+    # no cluster at all, or a stale record of one that has stopped: either way, said at once
+    assert line.startswith("triaccel: error: --address auto") and (
+        "no running Ray cluster found" in line or "nothing answers" in line), line
+    assert not (tmp_path / "mlruns").exists()  # no baseline ran, no state written
+
+
 def test_list_valued_choices_search_end_to_end(tmp_path):
     """optim.betas is a pair, so a categorical over it has list choices: the search runs, the summary
     and the parent's plot show them, the parent run finishes and the export trains as it is."""
