@@ -75,20 +75,40 @@ def check_address(address: str | None) -> None:
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise TriAccelError(f"--address {label}: expected HOST:PORT, ray://HOST:PORT or auto")
-    hosts = [host]
-    if host in ("localhost", "127.0.0.1", "::1"):
+    target = host
+    if host in ("localhost", "127.0.0.1", "::1"):  # Ray reaches a loopback address through this node's IP
         from ray.util import get_node_ip_address
 
-        hosts.append(get_node_ip_address())
-    why = ""
-    for h in hosts:
-        try:
-            socket.create_connection((h, int(port)), timeout=5).close()
-            return
-        except OSError as e:
-            why = why or e.strerror or str(e) or type(e).__name__
-    raise TriAccelError(f"--address {label}: cannot join a Ray cluster there (nothing answers on "
-                        f"{host}:{port}: {why})")
+        target = get_node_ip_address()
+    try:
+        conn = socket.create_connection((target, int(port)), timeout=5)
+    except OSError as e:
+        why = e.strerror or str(e) or type(e).__name__
+        raise TriAccelError(f"--address {label}: cannot join a Ray cluster there (nothing answers on "
+                            f"{host}:{port}: {why})") from None
+    with conn:
+        if not os.environ.get("RAY_USE_TLS") and not _speaks_grpc(conn):
+            # ray.init would retry such a port for minutes (H200 and here: over 200 s)
+            raise TriAccelError(f"--address {label}: cannot join a Ray cluster there (something answers on "
+                                f"{host}:{port}, but not Ray: no gRPC server)")
+
+
+def _speaks_grpc(conn) -> bool:
+    """Whether the server on ``conn`` speaks HTTP/2, as Ray's GCS and client servers (gRPC) do: it
+    answers a client's connection preface with a SETTINGS frame. An HTTP/1 server, an SSH daemon
+    or anything else answers otherwise or not at all."""
+    try:
+        conn.settimeout(5)
+        conn.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        head = b""
+        while len(head) < 9:
+            chunk = conn.recv(9 - len(head))
+            if not chunk:
+                break
+            head += chunk
+    except OSError:
+        return False
+    return len(head) == 9 and head[3] == 0x04  # frame type 4: SETTINGS
 
 
 def _token_auth_for_this_node(address: str) -> None:

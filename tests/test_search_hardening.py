@@ -71,6 +71,33 @@ def test_address_where_no_cluster_answers_fails_in_seconds_and_writes_nothing(tm
     assert not (tmp_path / "mlruns").exists()  # no search state: the same command works once the cluster runs
 
 
+def test_address_where_something_else_answers_fails_in_seconds(tmp_path):
+    """A port that accepts connections but is not Ray (here a real HTTP server): ray.init retried it
+    for minutes; the search says so in one line, before anything is written."""
+    port = _closed_port()
+    srv = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "0.0.0.0"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            time.sleep(0.2)
+        (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
+        t0 = time.monotonic()
+        r = cli("search", "--space", "space.yaml", "--address", f"127.0.0.1:{port}", cwd=tmp_path, timeout=120)
+        assert time.monotonic() - t0 < 30
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert r.stderr.strip().splitlines() == [
+            f"triaccel: error: --address 127.0.0.1:{port}: cannot join a Ray cluster there (something answers on "
+            f"127.0.0.1:{port}, but not Ray: no gRPC server)"]
+        assert not (tmp_path / "mlruns").exists()
+    finally:
+        srv.kill()
+        srv.wait()
+
+
 def test_address_auto_without_a_cluster_fails_before_the_baselines(tmp_path):
     """--address auto where no `ray start` cluster runs: one line, before the baselines train (it used
     to fail only after them, in ray.init)."""
