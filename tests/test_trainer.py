@@ -233,3 +233,43 @@ def test_deferred_skip_trains_exactly_as_the_synchronous_check(mode):
     assert deferred.schedule.done == sync.schedule.done
     for a, b in zip(sync.model.parameters(), deferred.model.parameters()):
         assert torch.equal(a.detach(), b.detach())
+
+
+def test_every_example_trains_exactly_once_per_epoch_across_batch_moves_and_an_oom_split():
+    """The batch moves between sizes every step and one window runs out of memory: within each
+    epoch every training example reaches an optimizer update exactly once (a retried window's
+    first attempt counts for nothing: its gradients are dropped)."""
+    sizes = [64, 40, 96, 24, 96, 56]
+    trained, attempt, fired = [], [], []
+
+    def probe(micro):  # one out-of-memory micro-batch of 96, as the allocator would raise it
+        if micro == 96 and not fired:
+            fired.append(micro)
+            raise torch.OutOfMemoryError("injected")
+
+    class Moves(Callback):
+        def on_step_end(self, tr, info):
+            trained.extend(torch.cat(attempt).tolist())
+            attempt.clear()
+            s = sizes[info.step % len(sizes)]
+            return Decisions(batch_size=s, micro_batch=s)
+
+        def on_oom(self, tr, micro_batch):
+            attempt.clear()  # the window is re-run from its first example
+
+    t = Trainer(small_cfg(mode="amp", amp_dtype="bf16", epochs=2), callbacks=[Moves()], log=lambda *a: None,
+                oom_probe=probe).setup()
+    batch = t.train_data.batch
+
+    def recording(chunk, train=True):
+        attempt.append(chunk.detach().clone())
+        return batch(chunk, train=train)
+
+    t.train_data.batch = recording
+    n = len(t.train_data)
+    for epoch in range(2):
+        before = len(trained)
+        t.history.epochs.append(t.train_epoch())
+        t.epoch += 1
+        assert sorted(trained[before:]) == list(range(n)), f"epoch {epoch + 1}"
+    assert fired and t.oom_events == 1
