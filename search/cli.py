@@ -58,6 +58,8 @@ def cmd_searches(args) -> int:
         done = f"{r.get('finished', '?')}/{r.get('trials', '?')}"
         print(f"{r['name']:<24} {str(r['space'])[-34:]:<34} {r['created']:<20} {done:>5} {r.get('failed', '?'):>6} "
               f"{best:>10} {ratio:>7}")
+        if r.get("error"):  # an unreadable state or store: say why the row has no figures
+            print(f"  {r['name']}: {r['error']}")
     return 0
 
 

@@ -164,6 +164,9 @@ def _init_ray(address: str | None, quiet: bool = True) -> None:
             raise TriAccelError(f"--address {address}: cannot join a Ray cluster there ({first}){hint}") from None
     else:  # a new local instance, even where a `ray start` cluster runs (joining one is what --address is for)
         ray.init(address="local", num_cpus=os.cpu_count(), **kw)
+    from triaccel.errors import stop_on_sigterm
+
+    stop_on_sigterm()  # ray.init replaced it: SIGTERM aborted the driver with a stack dump (exit 134)
 
 
 def _constrained_optuna():
@@ -289,10 +292,20 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     shared = shared_trials(space)
     state = {"name": name, "space": space.raw, "source": space.source, "sha256": space.sha256, "tracking_uri": uri,
              "address": address, "created": datetime.datetime.now().isoformat(timespec="seconds"), "shared": shared}
+    made = not path.exists()
+    tmp = path / f".{STATE_FILE}.{os.getpid()}.tmp"
     try:
         path.mkdir(parents=True, exist_ok=True)
-        (path / STATE_FILE).write_text(json.dumps(state, indent=1))
+        # whole or not at all: a full disk left an empty state file that took the name, and
+        # resume, export and searches then failed on it with a JSONDecodeError traceback
+        tmp.write_text(json.dumps(state, indent=1))
+        os.replace(tmp, path / STATE_FILE)
     except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if made:
+            with contextlib.suppress(OSError):
+                path.rmdir()
         raise ConfigError(f"{path}: cannot write the search's state there ({e.strerror or e}; "
                           f"TRIACCEL_TUNE_DIR chooses another folder)") from None
     print(f"triaccel search '{name}': {space.trials} trials of {space.source}, {space.concurrency} at a time, "
@@ -477,7 +490,15 @@ def read_state(name: str) -> dict:
     if not p.is_file():
         known = ", ".join(list_names()) or "none"
         raise ConfigError(f"no search named '{name}' under {tune_root()} (known: {known})")
-    return json.loads(p.read_text())
+    try:
+        state = json.loads(p.read_text())
+        if not isinstance(state, dict) or not {"space", "source", "sha256", "tracking_uri"} <= state.keys():
+            raise ValueError("not a search's state")
+    except (OSError, ValueError) as e:  # an empty or damaged file (a disk that filled as it was written)
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0][:120]
+        raise ConfigError(f"search '{name}': its state {p} cannot be read ({why}); move that folder "
+                          f"away to reuse the name, or start the search under another --name") from None
+    return state
 
 
 def list_names() -> list[str]:
@@ -727,14 +748,30 @@ def export(name: str, out: str, how: str = "best", force: bool = False) -> Path:
             "val_acc_diff_pp": measured["val_acc"] - ref["val_acc"], "accuracy_margin_pp": space.margin,
             **payback(gpu_seconds(o.runs), ref["epoch_time_last5_s"], measured["epoch_time_last5_s"])}
     data["provenance"] = prov
-    tmp = p.with_name(p.name + ".tmp")
+    text = (f"# Exported by `triaccel export {name}` from MLflow run {row['run_id']} ({chosen.reason}).\n"
+            f"# Train with: triaccel train --config {p}\n" + yaml.safe_dump(data, sort_keys=False))
+    # a temporary name of this process's own (a fixed OUT.tmp replaced and then deleted a user's file of
+    # that name, and two exports at once wrote the same one); without --force the name is claimed
+    # exclusively first: two exports at once both passed check_out and the second replaced the first's file
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    claimed = False
     try:
-        tmp.write_text(f"# Exported by `triaccel export {name}` from MLflow run {row['run_id']} ({chosen.reason}).\n"
-                       f"# Train with: triaccel train --config {p}\n" + yaml.safe_dump(data, sort_keys=False))
+        if not force:
+            os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            claimed = True
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
         os.replace(tmp, p)
     except OSError as e:  # a full disk, a file system that refuses it: nothing half-written is left
         with contextlib.suppress(OSError):
             tmp.unlink()
+        if claimed:
+            with contextlib.suppress(OSError):
+                p.unlink()
+        if isinstance(e, FileExistsError) and not claimed:
+            raise ConfigError(f"--out {out}: exists (written meanwhile by another process); choose another "
+                              f"path or add --force to replace it") from None
         raise ConfigError(f"--out {out}: cannot write it ({e.strerror or e})") from None
     return p
 
@@ -761,7 +798,11 @@ def check_out(out: str, force: bool) -> Path:
 def list_searches() -> list[dict]:
     out = []
     for name in list_names():
-        st = read_state(name)
+        try:
+            st = read_state(name)
+        except ConfigError as e:  # one damaged state does not hide the other searches
+            out.append({"name": name, "space": "?", "created": "?", "error": str(e)})
+            continue
         item = {"name": name, "space": st["source"], "created": st["created"], "trials": st["space"].get("trials")}
         try:
             space = parse_space(st["space"], source=st["source"], sha256=st["sha256"])
@@ -770,6 +811,6 @@ def list_searches() -> list[dict]:
                         best=o.best.measured["efficiency"] if o.best else None,
                         ratio=o.best.ratio if o.best else None)
         except Exception as e:  # a store that moved: still list the search
-            item["error"] = str(e)[:100]
+            item["error"] = str(e)[:300]
         out.append(item)
     return out

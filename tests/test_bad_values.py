@@ -65,3 +65,31 @@ def test_check_store_accepts_a_driver_in_the_scheme():
     with pytest.raises(ConfigError, match="cannot use the MLflow store") as e:
         check_store("postgresql+psycopg2://127.0.0.1:1/none")
     assert "unknown MLflow store scheme" not in str(e.value)
+
+
+def test_sigterm_during_train_closes_its_run_killed(tmp_path):
+    """SIGTERM to `triaccel train` (a scheduler's stop, `kill`): Python died at once and the MLflow run
+    stayed RUNNING forever. Now as Ctrl-C: the run is closed KILLED, one line, exit 143."""
+    import signal
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    cmd = [sys.executable, "-m", "triaccel.cli", "train", "--config", str(ROOT / "configs" / "quickstart.yaml"),
+           "--set", "epochs=500", "--set", "evaluate_test=false", "--set", "tracking.enabled=true",
+           "--set", f"tracking.tracking_uri=sqlite:///{tmp_path}/m.db"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:  # the first epoch is in
+            if line.startswith("epoch"):
+                break
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143 and "Traceback" not in err, (proc.returncode, err[-2000:])
+    assert err.strip().splitlines()[-1] == "triaccel: interrupted"
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/m.db")
+    exp = c.get_experiment_by_name("triaccel-train")
+    assert [r.info.status for r in c.search_runs([exp.experiment_id])] == ["KILLED"]

@@ -398,3 +398,136 @@ def test_tune_state_planning_fewer_trials_than_the_space_is_refused_in_one_line(
         f"the rest: start the search again under another name (`triaccel search --space space.yaml --name f2`)"]
     _, after = runs(tmp_path, "f", role="trial")
     assert [x.info.run_id for x in after] == [x.info.run_id for x in before]  # nothing ran
+
+
+def _sigterm_when(tmp_path, name, space, ready):
+    """Start a search, send SIGTERM to its process alone (as `kill PID` or a scheduler does) once
+    ``ready()`` holds; return (returncode, stdout, stderr)."""
+    import signal
+
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", name],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None and not ready():
+            time.sleep(0.05)
+        assert proc.poll() is None, "the search ended before the moment to stop it"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, out, err
+
+
+def test_sigterm_in_the_baselines_closes_the_runs_and_resume_finishes(tmp_path):
+    """SIGTERM while a baseline trains: Python died at once (exit -15), the parent and baseline
+    runs left RUNNING in MLflow. Now as Ctrl-C: exit 143, the line saying how to resume, runs
+    KILLED; `resume` finishes the search."""
+    import sqlite3
+
+    def baseline_epoch_in():
+        try:
+            with contextlib.closing(sqlite3.connect(tmp_path / "mlruns" / "mlflow.db")) as db:
+                return bool(db.execute("select count(*) from metrics where key = 'val_acc'").fetchone()[0])
+        except sqlite3.Error:
+            return False
+
+    space = dict(SPACE, baseline={"batch_sizes": [8]})
+    space["train"] = dict(SPACE["train"], epochs=12)
+    rc, out, err = _sigterm_when(tmp_path, "tb", space, baseline_epoch_in)
+    assert rc == 143 and "Traceback" not in err, (rc, out[-2000:], err[-2000:])
+    assert err.strip().splitlines()[-1] == ("triaccel: interrupted: search 'tb' stopped before it finished: "
+                                            "`triaccel resume tb` continues it")
+    _, all_runs = runs(tmp_path, "tb")
+    assert sorted((r.data.tags["triaccel.role"], r.info.status) for r in all_runs) == [
+        ("baseline", "KILLED"), ("parent", "KILLED")]
+    r = cli("resume", "tb", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _, all_runs = runs(tmp_path, "tb")
+    assert [r.info.status for r in all_runs if r.data.tags["triaccel.role"] == "parent"] == ["FINISHED"]
+
+
+def test_sigterm_in_the_trials_is_no_abort_and_resume_finishes(tmp_path):
+    """SIGTERM once trials report: Ray's handler aborted the driver with a stack dump (exit 134),
+    the parent run left RUNNING. Now Tune stops as for Ctrl-C: exit 143, one line, runs KILLED,
+    and `resume` runs the trials."""
+    space = dict(SPACE)
+    space["train"] = dict(SPACE["train"], epochs=4)
+    rc, out, err = _sigterm_when(tmp_path, "tt", space, lambda: any(
+        f.stat().st_size for f in (tmp_path / "mlruns" / "tune" / "tt").glob("*/result.json")))
+    assert rc == 143 and "SIGTERM received" not in err and "Traceback" not in err, (rc, out[-2000:], err[-2000:])
+    assert err.strip().splitlines()[-1].startswith("triaccel: interrupted: search 'tt' stopped before it finished (")
+    _, all_runs = runs(tmp_path, "tt")
+    assert [r.info.status for r in all_runs if r.data.tags["triaccel.role"] == "parent"] == ["KILLED"]
+    assert not [r for r in all_runs if r.info.status == "RUNNING"]
+    r = cli("resume", "tt", cwd=tmp_path)
+    assert r.returncode == 0 and "export the best" in r.stdout, r.stderr[-3000:]
+
+
+def test_unreadable_search_state_is_one_line(tmp_path):
+    """A search state file left empty (a disk that filled as the search started) or damaged:
+    resume and export were a JSONDecodeError traceback, `searches` too (hiding every other search)."""
+    d = tmp_path / "mlruns" / "tune" / "broken"
+    d.mkdir(parents=True)
+    (d / "triaccel_search.json").write_text("")
+    line = (f"triaccel: error: search 'broken': its state {d / 'triaccel_search.json'} cannot be read (Expecting "
+            f"value: line 1 column 1 (char 0)); move that folder away to reuse the name, or start the search "
+            f"under another --name")
+    for args in (["resume", "broken"], ["export", "broken", "--out", "t.yaml"]):
+        r = cli(*args, cwd=tmp_path, timeout=120)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert r.stderr.strip().splitlines() == [line], args
+    assert not (tmp_path / "t.yaml").exists()
+    r = cli("searches", cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "broken" in r.stdout and "cannot be read" in r.stdout
+
+
+def test_search_state_on_a_full_disk_takes_no_name(tmp_path):
+    """TRIACCEL_TUNE_DIR on a full disk: the state file was left empty, so the name was taken by a
+    search that could neither run nor be resumed. Now nothing is left and the same command works
+    once there is room. Needs a tmpfs mount (root in a sandbox that allows it)."""
+    full = tmp_path / "full"
+    full.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        with contextlib.suppress(OSError), open(full / "fill", "wb", buffering=0) as f:
+            while True:
+                f.write(b"\0" * 4096)
+        (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
+        env = dict(_env(), TRIACCEL_TUNE_DIR=str(full / "tune"))
+        r = _search(tmp_path, "--space", "space.yaml", "--name", "f", env=env)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert r.stderr.strip().splitlines() == [
+            f"triaccel: error: {full / 'tune' / 'f'}: cannot write the search's state there (No space left on "
+            f"device; TRIACCEL_TUNE_DIR chooses another folder)"]
+        assert not (full / "tune" / "f").exists()
+    finally:
+        subprocess.run(["umount", str(full)], capture_output=True)
+
+
+def test_exports_at_once_without_force_replace_nothing(tmp_path):
+    """Four `export --out tuned.yaml` at once without --force all passed the exists check and all
+    exited 0, each replacing the last; and a user's own tuned.yaml.tmp was overwritten and deleted
+    (the fixed temporary name). Now one export writes the file, the others say it exists."""
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(dict(SPACE, trials=1, concurrency=1)))
+    r = cli("search", "--space", "space.yaml", "--name", "x", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (tmp_path / "tuned.yaml.tmp").write_text("mine\n")
+    procs = [subprocess.Popen([sys.executable, "-m", "triaccel.cli", "export", "x", "--out", "tuned.yaml"],
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+             for _ in range(4)]
+    results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+    assert sorted(rc for rc, _ in results) == [0, 2, 2, 2], results
+    for rc, err in results:
+        if rc:
+            assert "Traceback" not in err and err.strip().splitlines() == [
+                "triaccel: error: --out tuned.yaml: exists (written meanwhile by another process); choose another "
+                "path or add --force to replace it"], err
+    assert (tmp_path / "tuned.yaml.tmp").read_text() == "mine\n"
+    assert yaml.safe_load((tmp_path / "tuned.yaml").read_text())["provenance"]["search"] == "x"
+    assert sorted(p.name for p in tmp_path.iterdir() if "tuned" in p.name) == ["tuned.yaml", "tuned.yaml.tmp"]

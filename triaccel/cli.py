@@ -79,19 +79,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from triaccel import errors
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    errors.stop_on_sigterm()
     try:
         return int(args.func(args) or 0)
     except Interrupted as e:
         print(f"triaccel: interrupted: {e}", file=sys.stderr)
-        return 130
+        return 143 if errors.TERMINATED else 130
     except TriAccelError as e:
         print(f"triaccel: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("triaccel: interrupted", file=sys.stderr)
-        return 130
+        return 143 if errors.TERMINATED else 130
 
 
 if __name__ == "__main__":

@@ -15,3 +15,30 @@ class Interrupted(TriAccelError):
 
 class DataError(TriAccelError):
     """A dataset cannot be found or read; the message names the path or file."""
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (``kill``, a batch scheduler, a container stopping) ends the work as Ctrl-C does:
+    runs closed KILLED, Tune's state saved, the line saying how to continue. Without it Python
+    died at once (MLflow runs left RUNNING) and, once Ray was up, Ray's own handler aborted the
+    driver with a stack dump (exit 134). Called at start-up and again after ``ray.init``, which
+    installs its own handlers."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_term(signum, frame):
+        global TERMINATED
+        TERMINATED = True
+        handler = signal.getsignal(signal.SIGINT)  # Tune's graceful stop while trials run
+        if callable(handler) and handler is not signal.default_int_handler:
+            handler(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
+TERMINATED = False  # set when SIGTERM arrived: the CLI exits 143 (128 + SIGTERM), not 130
