@@ -299,7 +299,13 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
         # whole or not at all: a full disk left an empty state file that took the name, and
         # resume, export and searches then failed on it with a JSONDecodeError traceback
         tmp.write_text(json.dumps(state, indent=1))
-        os.replace(tmp, path / STATE_FILE)
+        try:  # the name claimed exclusively: two searches of one name started together both ran, into one
+            os.link(tmp, path / STATE_FILE)  # Tune folder and one parent run, and both exited 0
+        except FileExistsError:
+            raise ConfigError(f"search '{name}' already exists in {path} (started meanwhile by another "
+                              f"process): choose another --name") from None
+        except OSError:  # a file system without hard links
+            os.replace(tmp, path / STATE_FILE)
     except OSError as e:
         with contextlib.suppress(OSError):
             tmp.unlink()
@@ -308,6 +314,9 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
                 path.rmdir()
         raise ConfigError(f"{path}: cannot write the search's state there ({e.strerror or e}; "
                           f"TRIACCEL_TUNE_DIR chooses another folder)") from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
     print(f"triaccel search '{name}': {space.trials} trials of {space.source}, {space.concurrency} at a time, "
           f"objective {space.objective}; Tune state in {path}; MLflow {uri} (experiment '{EXPERIMENT}')", flush=True)
     with interruptible(name, uri):

@@ -531,3 +531,22 @@ def test_exports_at_once_without_force_replace_nothing(tmp_path):
     assert (tmp_path / "tuned.yaml.tmp").read_text() == "mine\n"
     assert yaml.safe_load((tmp_path / "tuned.yaml").read_text())["provenance"]["search"] == "x"
     assert sorted(p.name for p in tmp_path.iterdir() if "tuned" in p.name) == ["tuned.yaml", "tuned.yaml.tmp"]
+
+
+def test_two_searches_of_one_name_at_once_run_one(tmp_path):
+    """Two `search --name same` started together both passed the exists check and both ran, into
+    one Tune folder and one parent run (4 trials and 2 baselines in a 2-trial search), both exit 0.
+    Now the name is claimed exclusively: the second says so in one line and writes nothing."""
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
+    procs = [subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name",
+                               "same"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=_env()) for _ in range(2)]
+    results = [(p.wait(timeout=180), p.stderr.read()) for p in procs]
+    assert sorted(rc for rc, _ in results) == [0, 2], [(rc, err[-2000:]) for rc, err in results]
+    err = [e for rc, e in results if rc][0]
+    assert "Traceback" not in err and err.strip().splitlines() == [
+        f"triaccel: error: search 'same' already exists in {tmp_path / 'mlruns' / 'tune' / 'same'} (started "
+        f"meanwhile by another process): choose another --name"], err
+    _, all_runs = runs(tmp_path, "same")
+    assert sorted(r.data.tags["triaccel.role"] for r in all_runs) == ["parent", "trial", "trial"]
+    assert not list((tmp_path / "mlruns" / "tune" / "same").glob(".*.tmp"))
