@@ -550,3 +550,46 @@ def test_two_searches_of_one_name_at_once_run_one(tmp_path):
     _, all_runs = runs(tmp_path, "same")
     assert sorted(r.data.tags["triaccel.role"] for r in all_runs) == ["parent", "trial", "trial"]
     assert not list((tmp_path / "mlruns" / "tune" / "same").glob(".*.tmp"))
+
+
+def test_store_filling_mid_search_is_one_line_and_resume_finishes(tmp_path):
+    """The MLflow store's disk fills while trials run: the search ended in a traceback of MLflow's
+    (exit 1). Now its last line says the disk is full and how to continue, exit 2; with room again
+    `resume` finishes it. Needs a tmpfs mount (root in a sandbox that allows it)."""
+    import signal
+
+    full = tmp_path / "full"
+    full.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(full)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        space = dict(SPACE)
+        space["train"] = dict(SPACE["train"], epochs=6)
+        (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+        env = dict(_env(), MLFLOW_TRACKING_URI=f"sqlite:///{full}/mlflow.db")
+        proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name",
+                                 "d"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and proc.poll() is None and not any(
+                    f.stat().st_size for f in (tmp_path / "mlruns" / "tune" / "d").glob("*/result.json")):
+                time.sleep(0.1)
+            assert proc.poll() is None, "the search ended before its trials reported"
+            with contextlib.suppress(OSError), open(full / "fill", "wb", buffering=0) as f:
+                while True:
+                    f.write(b"\0" * 4096)
+            out, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.returncode == 2, (proc.returncode, err[-3000:])
+        assert err.strip().splitlines()[-1] == (
+            "triaccel: error: search 'd' stopped: a disk it writes is full (database or disk is full); free space, "
+            "then `triaccel resume d` continues it"), err[-3000:]
+        (full / "fill").unlink()
+        r = subprocess.run([sys.executable, "-m", "triaccel.cli", "resume", "d"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=180, env=env)
+        assert r.returncode == 0 and "export the best" in r.stdout, r.stderr[-3000:]
+    finally:
+        subprocess.run(["umount", str(full)], capture_output=True)
