@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from triaccel.errors import ConfigError, Interrupted, TriAccelError
+from triaccel.errors import ConfigError, Interrupted, TriAccelError, disk_full
 from triaccel.search.space import MAX_TRIALS, SearchSpace, load_space, parse_space
 from triaccel.tracking import tracking_uri as resolve_uri
 
@@ -475,22 +475,6 @@ def interruptible(name: str, uri: str):
         raise TriAccelError(f"search '{name}' stopped: a disk it writes is full ({full}); free space, then "
                             f"`triaccel resume {name}` continues it") from None
 
-
-def disk_full(e: BaseException) -> str | None:
-    """What a disk-full error says (its first line), looking through its causes; None for any other.
-    A store or Tune folder that filled mid-search was a traceback of MLflow's or Tune's, exit 1."""
-    import errno
-
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        text = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            return text
-        if "database or disk is full" in str(e) or "No space left on device" in str(e):
-            return "database or disk is full" if "database or disk is full" in str(e) else text
-        e = e.__cause__ or e.__context__
-    return None
 
 
 # Re-run this many of the best alone when trials shared a GPU. Measured on the H200

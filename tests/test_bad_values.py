@@ -93,3 +93,37 @@ def test_sigterm_during_train_closes_its_run_killed(tmp_path):
     c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/m.db")
     exp = c.get_experiment_by_name("triaccel-train")
     assert [r.info.status for r in c.search_runs([exp.experiment_id])] == ["KILLED"]
+
+
+def test_store_filling_mid_train_is_one_line(tmp_path):
+    """The MLflow store's disk fills while `triaccel train` runs: MLflow's tracebacks (the failure
+    status could not be written either), exit 1. Now one line saying the disk is full, exit 2."""
+    import contextlib
+
+    full = tmp_path / "full"
+    full.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(full)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        cmd = [sys.executable, "-m", "triaccel.cli", "train", "--config", str(ROOT / "configs" / "quickstart.yaml"),
+               "--set", "epochs=500", "--set", "evaluate_test=false", "--set", "tracking.enabled=true",
+               "--set", f"tracking.tracking_uri=sqlite:///{full}/m.db"]
+        proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            for line in proc.stdout:  # the first epoch is in the store
+                if line.startswith("epoch"):
+                    break
+            with contextlib.suppress(OSError), open(full / "fill", "wb", buffering=0) as f:
+                while True:
+                    f.write(b"\0" * 4096)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 2 and "Traceback" not in err, (proc.returncode, err[-3000:])
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(
+            "triaccel: error: a disk this run writes is full (database or disk is full): training stopped after "
+            "epoch ") and lines[0].endswith("; free space and train again"), lines
+    finally:
+        subprocess.run(["umount", str(full)], capture_output=True)

@@ -31,8 +31,19 @@ def cmd_train(args) -> int:
               f"device {trainer.device}", flush=True)
         summary = trainer.fit()
     except BaseException as e:
+        from triaccel.errors import disk_full
+
+        full = disk_full(e) if isinstance(e, Exception) else None
         if logger is not None:
-            logger.finish("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED", reason=f"{type(e).__name__}: {e}")
+            try:
+                logger.finish("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED",
+                              reason=f"{type(e).__name__}: {e}")
+            except Exception:  # noqa: BLE001 -- a full store cannot take the status either: the error below says why
+                if full is None:
+                    raise
+        if full is not None:  # was MLflow's traceback, exit 1
+            raise TriAccelError(f"a disk this run writes is full ({full}): training stopped after epoch "
+                                f"{getattr(trainer, 'epoch', '?')}; free space and train again") from None
         raise
     if logger is not None:
         for cb in trainer.callbacks:

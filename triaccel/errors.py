@@ -42,3 +42,20 @@ def stop_on_sigterm() -> None:
 
 
 TERMINATED = False  # set when SIGTERM arrived: the CLI exits 143 (128 + SIGTERM), not 130
+
+
+def disk_full(e: BaseException) -> str | None:
+    """What a disk-full error says (its first line), looking through its causes; None for any other.
+    A store or Tune folder that filled mid-search was a traceback of MLflow's or Tune's, exit 1."""
+    import errno
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        text = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return text
+        if "database or disk is full" in str(e) or "No space left on device" in str(e):
+            return "database or disk is full" if "database or disk is full" in str(e) else text
+        e = e.__cause__ or e.__context__
+    return None

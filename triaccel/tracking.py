@@ -48,8 +48,9 @@ def client(uri: str | None = None, key: str = "tracking.tracking_uri"):
     """An MlflowClient on the store, checked once per process (``check_store``)."""
     import logging
 
-    for name in ("alembic", "mlflow.store.db.utils"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    # MLflow logs each SQL error with a traceback before raising it; the error itself reaches the CLI's one line
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     from mlflow.tracking import MlflowClient
 
     u = tracking_uri(uri)
