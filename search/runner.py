@@ -374,6 +374,9 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
     space = parse_space(state["space"], source=state["source"], sha256=state["sha256"])
     from ray import tune
 
+    if not os.access(tune_root() / name, os.W_OK | os.X_OK):  # was pyarrow's traceback from Tune's restore
+        raise ConfigError(f"{tune_root() / name}: cannot write there (a read-only disk or no permission): resume "
+                          f"continues the search in that folder")
     restore = restorable(name, space)  # before anything runs: a state that cannot finish is refused here
     print(f"triaccel resume '{name}': " + (f"restoring {tune_root() / name}" if restore else
                                           "Tune saved no trial yet: starting the trials"), flush=True)
@@ -524,10 +527,10 @@ def list_names() -> list[str]:
     return sorted(p.name for p in root.iterdir() if (p / STATE_FILE).is_file())
 
 
-def _client(uri: str):
+def _client(uri: str, write: bool = True):
     from triaccel.tracking import client, ensure_experiment
 
-    c = client(uri, key="the search's MLflow store (recorded when it started)")  # checked once per process
+    c = client(uri, key="the search's MLflow store (recorded when it started)", write=write)  # checked once per process
     return c, ensure_experiment(c, EXPERIMENT)
 
 
@@ -734,6 +737,7 @@ def export(name: str, out: str, how: str = "best", force: bool = False) -> Path:
     space = parse_space(state["space"], source=state["source"], sha256=state["sha256"])
     p = check_out(out, force)
     uri = state["tracking_uri"]
+    _client(uri, write=False)  # export only reads the store: one on a read-only disk will do
     o = read_outcome(name, space, uri)
     chosen = pick(o, space.objective, how)
     row, measured = chosen.row, chosen.measured
@@ -822,6 +826,7 @@ def list_searches() -> list[dict]:
         item = {"name": name, "space": st["source"], "created": st["created"], "trials": st["space"].get("trials")}
         try:
             space = parse_space(st["space"], source=st["source"], sha256=st["sha256"])
+            _client(st["tracking_uri"], write=False)  # listing only reads
             o = read_outcome(name, space, st["tracking_uri"])
             item.update(finished=len(o.ranked), failed=len(o.failed), feasible=len(o.feasible),
                         best=o.best.measured["efficiency"] if o.best else None,

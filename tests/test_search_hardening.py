@@ -593,3 +593,31 @@ def test_store_filling_mid_search_is_one_line_and_resume_finishes(tmp_path):
         assert r.returncode == 0 and "export the best" in r.stdout, r.stderr[-3000:]
     finally:
         subprocess.run(["umount", str(full)], capture_output=True)
+
+
+def test_export_from_a_read_only_store(tmp_path):
+    """A finished search's store on a read-only disk (an archive, a shared mount): export, which only
+    reads it, failed in one line (the store's lock file could not be made) and `searches` showed no
+    figures. Now both read it; a resume there (Tune's restore: a pyarrow traceback) is one line.
+    Needs a read-only bind mount (root in a sandbox that allows it)."""
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(dict(SPACE, trials=1, concurrency=1)))
+    r = cli("search", "--space", "space.yaml", "--name", "x", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    store = tmp_path / "mlruns"
+    if subprocess.run(["mount", "--bind", str(store), str(store)], capture_output=True).returncode:
+        pytest.skip("cannot bind-mount here")
+    try:
+        if subprocess.run(["mount", "-o", "remount,ro,bind", str(store)], capture_output=True).returncode:
+            pytest.skip("cannot make a bind mount read-only here")
+        r = cli("export", "x", "--out", "tuned.yaml", cwd=tmp_path)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+        assert yaml.safe_load((tmp_path / "tuned.yaml").read_text())["provenance"]["search"] == "x"
+        r = cli("searches", cwd=tmp_path)
+        assert r.returncode == 0 and " 1/1 " in r.stdout and "cannot" not in r.stdout, r.stdout
+        r = cli("resume", "x", cwd=tmp_path)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+        assert r.stderr.strip().splitlines() == [
+            f"triaccel: error: {store / 'tune' / 'x'}: cannot write there (a read-only disk or no permission): "
+            f"resume continues the search in that folder"]
+    finally:
+        subprocess.run(["umount", str(store)], capture_output=True)

@@ -44,8 +44,9 @@ def artifact_location(uri: str) -> str | None:
 _USABLE: set = set()  # stores checked in this process
 
 
-def client(uri: str | None = None, key: str = "tracking.tracking_uri"):
-    """An MlflowClient on the store, checked once per process (``check_store``)."""
+def client(uri: str | None = None, key: str = "tracking.tracking_uri", write: bool = True):
+    """An MlflowClient on the store, checked once per process (``check_store``); ``write=False``: the
+    process only reads it (export, searches), which a store on a read-only disk allows."""
     import logging
 
     logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -55,7 +56,7 @@ def client(uri: str | None = None, key: str = "tracking.tracking_uri"):
 
     u = tracking_uri(uri)
     if u not in _USABLE:
-        check_store(u, key)
+        check_store(u, key, write)
         _USABLE.add(u)
     return MlflowClient(tracking_uri=u)
 
@@ -64,7 +65,7 @@ STORE_SCHEMES = {"", "file", "sqlite", "http", "https", "postgresql", "mysql", "
 
 
 @contextmanager
-def _store_lock(uri: str):
+def _store_lock(uri: str, key: str = "tracking.tracking_uri", write: bool = True):
     if not uri.startswith("sqlite:///"):
         yield
         return
@@ -75,7 +76,12 @@ def _store_lock(uri: str):
         db.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(f"{db}.lock", os.O_CREAT | os.O_RDWR, 0o644)
     except OSError as e:
-        raise ConfigError(f"tracking.tracking_uri: cannot use the MLflow store {uri} "
+        if not write and db.is_file() and db.stat().st_size:
+            # a store that exists on a read-only disk or folder: reading it (export, searches) needs no lock,
+            # which only keeps two first clients from creating a new store together; a write says so itself
+            yield
+            return
+        raise ConfigError(f"{key}: cannot use the MLflow store {uri} "
                           f"({db.parent}: {e.strerror or e})") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -84,7 +90,7 @@ def _store_lock(uri: str):
         os.close(fd)  # closing releases the lock
 
 
-def check_store(uri: str, key: str = "tracking.tracking_uri") -> None:
+def check_store(uri: str, key: str = "tracking.tracking_uri", write: bool = True) -> None:
     """One line naming ``key`` when the store cannot be used, before anything is trained: an
     unknown scheme, a path that cannot hold a store, or a server that does not answer (MLflow's
     own client retries an unreachable server for minutes)."""
@@ -110,7 +116,7 @@ def check_store(uri: str, key: str = "tracking.tracking_uri") -> None:
     try:
         # A fresh sqlite store is created (schema migrations) by the first client: under a file lock,
         # so two searches started together on a new store do not race in the migrations (#14 case 8).
-        with _store_lock(uri):
+        with _store_lock(uri, key, write):
             MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
     except ConfigError:
         raise
