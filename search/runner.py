@@ -809,6 +809,9 @@ def check_out(out: str, force: bool) -> Path:
         raise ConfigError(f"--out {out}: is not a regular file; export writes a YAML file")
     folder = p.parent
     if not folder.is_dir():
+        above = next((a for a in [folder, *folder.parents] if a.exists()), None)
+        if above is not None and not above.is_dir():  # said "no such folder" of a file that is there
+            raise ConfigError(f"--out {out}: {above} is a file, not a folder")
         raise ConfigError(f"--out {out}: no such folder {folder}")
     if not os.access(folder, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise ConfigError(f"--out {out}: cannot write there (permission denied in {folder})")

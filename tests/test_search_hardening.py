@@ -531,6 +531,10 @@ def test_exports_at_once_without_force_replace_nothing(tmp_path):
     assert (tmp_path / "tuned.yaml.tmp").read_text() == "mine\n"
     assert yaml.safe_load((tmp_path / "tuned.yaml").read_text())["provenance"]["search"] == "x"
     assert sorted(p.name for p in tmp_path.iterdir() if "tuned" in p.name) == ["tuned.yaml", "tuned.yaml.tmp"]
+    for out in ("space.yaml/tuned.yaml", "space.yaml/a/tuned.yaml"):  # a parent that is a file: was "no such folder"
+        r = cli("export", "x", "--out", out, cwd=tmp_path)
+        assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+            f"triaccel: error: --out {out}: space.yaml is a file, not a folder"], r.stderr[-2000:]
 
 
 def test_two_searches_of_one_name_at_once_run_one(tmp_path):
