@@ -11,6 +11,38 @@ import sys
 from triaccel.errors import Interrupted, TriAccelError
 
 
+def _interrupted(e: BaseException) -> bool:
+    """Whether ``e`` is, or was caused by, a KeyboardInterrupt (Ctrl-C, or SIGTERM as the CLI maps it)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _stop_at_a_step_on_sigterm(trainer) -> None:
+    """SIGTERM during `train`: the loop stops at its next step (no exception raised into whatever
+    library call is running: one landing inside MLflow's SQL layer left the run RUNNING), then the
+    run is closed KILLED and the CLI exits 143. A second SIGTERM stops at once."""
+    import signal
+    import threading
+
+    from triaccel import errors
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_term(signum, frame):
+        if errors.TERMINATED:
+            raise KeyboardInterrupt
+        errors.TERMINATED = True
+        trainer.stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
 def cmd_train(args) -> int:
     from triaccel.config import load_config
     from triaccel.control import build_trainer
@@ -24,26 +56,34 @@ def cmd_train(args) -> int:
         logger = MLflowLogger(cfg)
         callbacks.append(logger)
     trainer = build_trainer(cfg, callbacks, setup=False)
+    _stop_at_a_step_on_sigterm(trainer)
     try:
         trainer.setup()
         print(f"triaccel train: {cfg.model.name} on {cfg.data.name} ({len(trainer.train_data)} train / "
               f"{len(trainer.val_data)} val / {len(trainer.test_data)} test), mode {cfg.mode}, "
               f"device {trainer.device}", flush=True)
         summary = trainer.fit()
+        from triaccel import errors
+
+        if errors.TERMINATED:  # SIGTERM: the loop stopped at a step boundary
+            raise KeyboardInterrupt
     except BaseException as e:
         from triaccel.errors import disk_full
 
         full = disk_full(e) if isinstance(e, Exception) else None
+        # Ctrl-C or SIGTERM that landed inside a library call (MLflow's SQL layer wraps it in its own error)
+        stopped = _interrupted(e)
         if logger is not None:
             try:
-                logger.finish("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED",
-                              reason=f"{type(e).__name__}: {e}")
+                logger.finish("KILLED" if stopped else "FAILED", reason=f"{type(e).__name__}: {e}")
             except Exception:  # noqa: BLE001 -- a full store cannot take the status either: the error below says why
-                if full is None:
+                if full is None and not stopped:
                     raise
         if full is not None:  # was MLflow's traceback, exit 1
             raise TriAccelError(f"a disk this run writes is full ({full}): training stopped after epoch "
                                 f"{getattr(trainer, 'epoch', '?')}; free space and train again") from None
+        if stopped and not isinstance(e, KeyboardInterrupt):
+            raise KeyboardInterrupt from None
         raise
     if logger is not None:
         for cb in trainer.callbacks:
