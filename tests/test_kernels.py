@@ -252,3 +252,27 @@ def test_fused_optimizer_follows_gradients_that_move_and_replans_on_new_state(de
     if o1._plan_table is not None:  # Triton path: the second plan's table (built at step 3) was refreshed
         assert o1._plan_table.uploads == 1  # for step 5's new gradients, not for step 4's in-place ones
 
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_fused_zero_grad_keeps_storage_and_zeroes_in_one_multi_tensor_op(kind):
+    """Captured micro-batches keep the gradient buffers (set_to_none=False): they are zeroed in
+    place, by one multi-tensor op per dtype, not one fill per parameter (62 launches a step for
+    ResNet-18: the captured Tri-Accel step ran 5% behind static on the H200). set_to_none=True
+    still drops them, as torch.optim does."""
+    from torch.profiler import ProfilerActivity, profile
+
+    p1, _, o1, _ = _opt_pair(kind, "cpu", [0.1, 0.05, 0.2, 0.01, 0.1])
+    sum((p * 3.0).sum() for p in p1).backward()
+    ptrs = [p.grad.data_ptr() for p in p1]
+    assert all(float(p.grad.abs().sum()) > 0 for p in p1)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        o1.zero_grad(set_to_none=False)
+    # ops called by the optimizer itself (on the CPU, _foreach_zero_ runs zero_ per tensor inside it)
+    names = [e.name for e in prof.events() if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")]
+    assert names.count("aten::_foreach_zero_") == 1, names
+    assert "aten::zero_" not in names and "aten::fill_" not in names
+    assert [p.grad.data_ptr() for p in p1] == ptrs
+    assert all(float(p.grad.abs().sum()) == 0 for p in p1)
+    o1.zero_grad()
+    assert all(p.grad is None for p in p1)
