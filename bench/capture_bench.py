@@ -21,7 +21,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write  # noqa: E402
-from search_vs_static import stats, train  # noqa: E402  (one way to train and summarise a run)
+from search_vs_static import WARM_HELP, stats, train, warm_run  # noqa: E402  (one way to train and summarise a run)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,6 +99,7 @@ def main():
     ap.add_argument("--seeded", default="static_fp16_b512", help="pairs repeated over --seeds")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--modes", default="eager,captured", help="eager, captured or both")
+    ap.add_argument("--warm-epochs", type=int, default=2, help=WARM_HELP)
     args = ap.parse_args()
     base = yaml.safe_load((ROOT / "configs" / "cifar10_jpeg_resnet18.yaml").read_text())
     base = merge(base, {"epochs": args.epochs, "data": {"data_dir": args.data_dir},
@@ -107,6 +108,7 @@ def main():
            "runs": {}, "pairs": {}}
     seeds = [int(s) for s in args.seeds.split(",")]
     todo = [(p, s) for s in seeds for p in args.pairs.split(",") if s == seeds[0] or p in args.seeded.split(",")]
+    warm_run(merge(base, {**PAIRS[todo[0][0]], "capture": "captured" in args.modes}), args.warm_epochs)
     for pair, seed in todo:
         for capture in [m == "captured" for m in args.modes.split(",")]:
             name = f"{pair}_{'captured' if capture else 'eager'}"

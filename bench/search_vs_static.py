@@ -71,6 +71,23 @@ def train(d: dict, seed: int) -> dict:
     return out
 
 
+WARM_HELP = ("epochs of an untimed run before the measured ones (0: none). On the H200 the first run in a "
+             "process ran 5%% faster than every later one, whatever it trained (bench/results/h200_order.json): "
+             "without it, the first run of a comparison is favoured")
+
+
+def warm_run(d: dict, epochs: int) -> None:
+    """Train ``d`` for ``epochs`` and discard it, so that every measured run starts on a GPU (and
+    a process: cuDNN's autotuner cache, the allocator) in the state the later ones find."""
+    if epochs <= 0:
+        return
+    print(f"--- warm-up run, {epochs} epochs, discarded", flush=True)
+    w = copy.deepcopy(d)
+    w["epochs"] = epochs
+    w.setdefault("optim", {})["warmup_epochs"] = 0
+    train(w, 0)
+
+
 def stats(xs):
     return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
 
@@ -88,6 +105,7 @@ def main():
     ap.add_argument("--tuned", help="an exported config: skip the search")
     ap.add_argument("--trials", type=int, help="override the space's trial count")
     ap.add_argument("--work", default="/tmp/svs")
+    ap.add_argument("--warm-epochs", type=int, default=2, help=WARM_HELP)
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -135,6 +153,7 @@ def main():
         if i == 0:
             for spec in [s for s in args.static_once.split(",") if s]:
                 plan.append((*static_cfg(spec), seed))
+    warm_run(plan[0][1], args.warm_epochs)
     for label, d, seed in plan:
         print(f"--- {label} seed {seed}", flush=True)
         r = train(d, seed)

@@ -2,12 +2,15 @@
 # The whole test suite, natively on the GPU machine (CI has no GPU, so the CUDA-only tests run
 # only here). Prints one summary line; the full log and JUnit XML go to ${OUT:-/tmp}.
 #   bash tests/run_gpu.sh            # from the repo root on the GPU machine (see ../shared/device)
-# The whole suite takes longer than one 10-minute device command on the H200 (2026-11-30: run as
-# two halves side by side, 222 of the 302 tests had passed after 6.5 minutes): run it in three
-# parts, one device command each,
-#   PART=cuda bash tests/run_gpu.sh     # the files holding the CUDA-only tests (these skip in CI)
-#   PART=search bash tests/run_gpu.sh   # the search service (real Ray, Optuna, MLflow)
-#   PART=rest bash tests/run_gpu.sh     # everything else
+# The whole suite takes longer than one 10-minute device command on the H200: run it in parts,
+# one device command each (times measured there on 2026-11-30, one part at a time):
+#   PART=cuda bash tests/run_gpu.sh       # the files holding the CUDA-only tests (these skip in CI): 53 s
+#   PART=search bash tests/run_gpu.sh     # the search service (real Ray, Optuna, MLflow)
+#   PART=hardening bash tests/run_gpu.sh  # bad input, signals, disks, addresses: its Ctrl-C and
+#                                         # end-to-end searches take about a minute each there
+#   PART=rest bash tests/run_gpu.sh       # everything else
+# SHARD=i/n runs every n-th test of the part from the i-th (1-based): PART=hardening SHARD=1/2, then 2/2.
+# Parts may run side by side in one command if each has its own OUT (the install below is locked).
 # (PYTEST_ARGS=... runs whatever pytest arguments you give instead.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +18,10 @@ out=${OUT:-/tmp}
 if [ -f .device/site.tar.xz ] && ! python3 -c "import ray, optuna, mlflow" 2>/dev/null; then
   mkdir -p /tmp/site && tar xJf .device/site.tar.xz -C /tmp/site && export PYTHONPATH=/tmp/site
 fi
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "GPU suite: install failed"; exit 2; }
+# locked: two parts started together raced here and one failed to install (2026-11-30)
+lock=(); command -v flock >/dev/null && lock=(flock /tmp/triaccel-gpu-suite.lock)
+${lock[@]+"${lock[@]}"} python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
+  || { echo "GPU suite: install failed"; exit 2; }
 # GPU_WORKERS=N: pytest-xdist with N workers, its wheels carried in .device/wheels
 # (pip download pytest-xdist execnet -d .device/wheels). Not the default: on the H200 six workers
 # were slower than one process (each compiles the Triton kernels and initialises CUDA; 2026-11-30).
@@ -30,13 +36,25 @@ CUDA_FILES="tests/test_capture.py tests/test_curvature.py tests/test_data.py tes
 case "${PART:-}" in
   cuda) PYTEST_ARGS="$CUDA_FILES" ;;
   search) PYTEST_ARGS="tests/test_search.py" ;;
-  rest) PYTEST_ARGS="--ignore=tests/test_search.py $(for f in $CUDA_FILES; do printf -- '--ignore=%s ' "$f"; done)" ;;
+  hardening) PYTEST_ARGS="tests/test_search_hardening.py" ;;
+  rest) PYTEST_ARGS="--ignore=tests/test_search.py --ignore=tests/test_search_hardening.py $(for f in $CUDA_FILES; do printf -- '--ignore=%s ' "$f"; done)" ;;
   "") ;;
-  *) echo "tests/run_gpu.sh: PART must be cuda, search or rest, got '$PART'" >&2; exit 2 ;;
+  *) echo "tests/run_gpu.sh: PART must be cuda, search, hardening or rest, got '$PART'" >&2; exit 2 ;;
 esac
+if [ -n "${SHARD:-}" ]; then
+  i=${SHARD%/*}; n=${SHARD#*/}
+  case "$i/$n" in (*[!0-9/]*|/*|*/) echo "tests/run_gpu.sh: SHARD must be i/n, got '$SHARD'" >&2; exit 2 ;; esac
+  # shellcheck disable=SC2086
+  # node ids hold spaces (parametrised ids): one array element each
+  mapfile -t SEL < <(python3 -m pytest --collect-only -q -p no:cacheprovider ${PYTEST_ARGS:-} 2>/dev/null \
+                     | grep "::" | awk -v i="$i" -v n="$n" '(NR - i) % n == 0 && NR >= i')
+  [ "${#SEL[@]}" -gt 0 ] || { echo "tests/run_gpu.sh: SHARD $SHARD selects no test"; exit 2; }
+  PYTEST_ARGS=""
+fi
 gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')")
 start=$(date +%s)
-python3 -m pytest -q -p no:cacheprovider --junitxml="$out/gpu_tests.xml" ${PYTEST_ARGS:-} > "$out/gpu_tests.log" 2>&1
+python3 -m pytest -q -p no:cacheprovider --junitxml="$out/gpu_tests.xml" ${PYTEST_ARGS:-} ${SEL[@]+"${SEL[@]}"} \
+  > "$out/gpu_tests.log" 2>&1
 rc=$?
 line=$(grep -E "^(=+ )?[0-9]+ (passed|failed)" "$out/gpu_tests.log" | tail -1 | sed 's/=//g;s/^ *//;s/ *$//')
 echo "GPU suite${PART:+ (part $PART)} on $gpu: ${line:-no summary (see $out/gpu_tests.log)} ($(( $(date +%s) - start )) s, exit $rc)"
