@@ -28,9 +28,12 @@ def cmd_export(args) -> int:
 
     import yaml
 
-    p = export(args.name, args.out, args.pick, force=args.force)
+    p = export(args.name, args.out, args.pick, force=args.force, epochs=args.epochs)
     prov = yaml.safe_load(p.read_text())["provenance"]
     print(f"wrote {p} ({prov['why']}): train with `triaccel train --config {p}`")
+    if args.epochs is None:
+        print(f"  it trains {prov['searched_epochs']} epochs, the search's budget: for production add "
+              f"`--set epochs=N` (or export with --epochs N)")
     b = prov.get("baseline")
     if b and prov["exported"] == "baseline":
         print(f"  the search found nothing better than static AMP {b['run']} in {b['search_gpu_s']:.0f} "
@@ -130,6 +133,8 @@ def add_commands(sub) -> None:
     e.add_argument("--out", required=True)
     e.add_argument("--pick", default="best", help="best (default) or pareto-N (entry N of the Pareto front)")
     e.add_argument("--force", action="store_true", help="replace --out if it exists")
+    e.add_argument("--epochs", type=int, help="epochs of the exported config (default: the search's budget, "
+                                              "often short; the lr schedule stretches to it)")
     e.set_defaults(func=cmd_export)
 
     ls = sub.add_parser("searches", help="list past searches")

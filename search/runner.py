@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from triaccel.errors import ConfigError, Interrupted, TriAccelError, disk_full
+from triaccel.errors import ConfigError, Interrupted, TriAccelError, disk_full, interrupted
 from triaccel.search.space import MAX_TRIALS, SearchSpace, load_space, parse_space
 from triaccel.tracking import tracking_uri as resolve_uri
 
@@ -454,6 +454,17 @@ def check_finished(name: str, planned: int) -> None:
         raise Interrupted(f"{left} of {planned} trials left")
 
 
+def _stopped(name: str, uri: str, left: str) -> None:
+    from triaccel.search.callbacks import TAG_SEARCH
+
+    c, exp = _client(uri)
+    for r in c.search_runs([exp], filter_string=f"tags.`{TAG_SEARCH}` = '{name}' and attributes.status = 'RUNNING'",
+                           max_results=10000):
+        c.set_terminated(r.info.run_id, status="KILLED")
+    raise Interrupted(f"search '{name}' stopped before it finished{left}: `triaccel resume {name}` "
+                      f"continues it") from None
+
+
 @contextlib.contextmanager
 def interruptible(name: str, uri: str):
     """Ctrl-C anywhere in a search (baselines, trials, confirm runs) ends it as stopped, never as
@@ -462,16 +473,10 @@ def interruptible(name: str, uri: str):
     try:
         yield
     except (KeyboardInterrupt, Interrupted) as e:
-        from triaccel.search.callbacks import TAG_SEARCH
-
-        c, exp = _client(uri)
-        for r in c.search_runs([exp], filter_string=f"tags.`{TAG_SEARCH}` = '{name}' and attributes.status = 'RUNNING'",
-                               max_results=10000):
-            c.set_terminated(r.info.run_id, status="KILLED")
-        left = f" ({e})" if isinstance(e, Interrupted) else ""
-        raise Interrupted(f"search '{name}' stopped before it finished{left}: `triaccel resume {name}` "
-                          f"continues it") from None
+        _stopped(name, uri, f" ({e})" if isinstance(e, Interrupted) else "")
     except Exception as e:  # noqa: BLE001 -- MLflow, sqlite, Ray and the OS each say "full" their own way
+        if interrupted(e):  # Ctrl-C or SIGTERM that landed inside a library call, wrapped in its error
+            _stopped(name, uri, "")
         full = disk_full(e)
         if full is None:
             raise
@@ -728,11 +733,19 @@ def confirm_top(name: str, space: SearchSpace, uri: str, k: int) -> None:
                   f"val {s['val_acc']:.2f}%", flush=True)
 
 
-def export(name: str, out: str, how: str = "best", force: bool = False) -> Path:
+MAX_EXPORT_EPOCHS = 100_000
+
+
+def export(name: str, out: str, how: str = "best", force: bool = False, epochs: int | None = None) -> Path:
+    """Write the chosen configuration as a training YAML. It trains as many epochs as the search
+    scored (its budget, often short) unless ``epochs`` sets the production length: the lr
+    schedule stretches to it, warm-up epochs stay as searched."""
     from triaccel.config import TrainConfig, from_dict, to_dict
     from triaccel.search.results import gpu_seconds, payback, pick
     from triaccel.tracking import git_revision
 
+    if epochs is not None and not 1 <= epochs <= MAX_EXPORT_EPOCHS:
+        raise ConfigError(f"--epochs {epochs}: must be in [1, {MAX_EXPORT_EPOCHS}]")
     state = read_state(name)
     space = parse_space(state["space"], source=state["source"], sha256=state["sha256"])
     p = check_out(out, force)
@@ -748,6 +761,9 @@ def export(name: str, out: str, how: str = "best", force: bool = False) -> Path:
     train.setdefault("tracking", {})
     train["tracking"] = {**train["tracking"], "enabled": True, "experiment": "triaccel-train"}
     train["evaluate_test"] = True
+    searched_epochs = int(train.get("epochs", TrainConfig().epochs))
+    if epochs is not None:
+        train["epochs"] = epochs
     cfg = from_dict(TrainConfig, train)  # what `triaccel train --config` will accept
     data = to_dict(cfg)
     keep = ("efficiency", "val_acc", "epoch_time_last5_s", "peak_mem_gib", "shared_trials")
@@ -757,7 +773,8 @@ def export(name: str, out: str, how: str = "best", force: bool = False) -> Path:
         "confirmed_alone": chosen.kind == "baseline" or any(x.row["run_id"] == row["run_id"] and x.confirmed
                                                              for x in o.ranked),
         "metrics": {k: float(v) for k, v in measured.items() if k in keep},
-        "searched": row["values"], "space_file": state["source"], "space_sha256": state["sha256"],
+        "searched": row["values"], "searched_epochs": searched_epochs,
+        "space_file": state["source"], "space_sha256": state["sha256"],
         "exported_at": datetime.datetime.now().isoformat(timespec="seconds"), "git_revision": git_revision()}
     if o.reference is not None:
         ref = o.reference["metrics"]
@@ -768,8 +785,12 @@ def export(name: str, out: str, how: str = "best", force: bool = False) -> Path:
             "val_acc_diff_pp": measured["val_acc"] - ref["val_acc"], "accuracy_margin_pp": space.margin,
             **payback(gpu_seconds(o.runs), ref["epoch_time_last5_s"], measured["epoch_time_last5_s"])}
     data["provenance"] = prov
+    length = (f"# Scored over the search's {searched_epochs} epochs; set to {cfg.epochs} for production (--epochs).\n"
+              if epochs is not None else
+              f"# Trains {cfg.epochs} epochs, the search's budget: for a production run add --set epochs=N "
+              f"(the lr schedule stretches to N), or export with --epochs N.\n")
     text = (f"# Exported by `triaccel export {name}` from MLflow run {row['run_id']} ({chosen.reason}).\n"
-            f"# Train with: triaccel train --config {p}\n" + yaml.safe_dump(data, sort_keys=False))
+            + length + f"# Train with: triaccel train --config {p}\n" + yaml.safe_dump(data, sort_keys=False))
     # a temporary name of this process's own (a fixed OUT.tmp replaced and then deleted a user's file of
     # that name, and two exports at once wrote the same one); without --force the name is claimed
     # exclusively first: two exports at once both passed check_out and the second replaced the first's file

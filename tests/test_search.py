@@ -161,6 +161,18 @@ def test_export_trains_as_is_and_reproduces_validation_accuracy(searched):
     data = yaml.safe_load((d / "tuned.yaml").read_text())
     prov = data["provenance"]
     assert prov["search"] == "t1" and len(prov["space_sha256"]) == 64 and prov["mlflow_run_id"]
+    # it trains the search's budget as scored, and says how to train longer
+    assert data["epochs"] == prov["searched_epochs"]
+    assert "--set epochs=N" in r.stdout and "--set epochs=N" in (d / "tuned.yaml").read_text().split("\n", 3)[1]
+    r = cli("export", "t1", "--out", "long.yaml", "--epochs", "7", cwd=d)
+    assert r.returncode == 0, r.stderr
+    long = yaml.safe_load((d / "long.yaml").read_text())
+    assert long["epochs"] == 7 and long["provenance"]["searched_epochs"] == data["epochs"]
+    assert {k: v for k, v in long.items() if k not in ("epochs", "provenance")} == \
+        {k: v for k, v in data.items() if k not in ("epochs", "provenance")}
+    r = cli("export", "t1", "--out", "zero.yaml", "--epochs", "0", cwd=d)
+    assert r.returncode == 2 and r.stderr.strip().endswith("--epochs 0: must be in [1, 100000]"), r.stderr
+    assert "Traceback" not in r.stderr and not (d / "zero.yaml").exists()
     r = cli("train", "--config", "tuned.yaml", cwd=d)
     assert r.returncode == 0, r.stderr[-2000:]
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("val acc")][0]
@@ -448,5 +460,6 @@ def test_readme_main_job_runs_as_written(tmp_path):
         assert b["val_acc_diff_pp"] >= -b["accuracy_margin_pp"] - 1e-9 and b["ratio"] > 1.0
     else:
         assert b["ratio"] == pytest.approx(1.0) and "beat the baseline" in prov["why"]
-    r = cli("train", "--config", "tuned.yaml", cwd=tmp_path)
+    r = cli("train", "--config", "tuned.yaml", "--set", "epochs=12", cwd=tmp_path)  # README's production line
     assert r.returncode == 0 and "test acc" in r.stdout, r.stderr[-2000:]
+    assert "epoch  12/12" in r.stdout
