@@ -625,3 +625,29 @@ def test_export_from_a_read_only_store(tmp_path):
             f"resume continues the search in that folder"]
     finally:
         subprocess.run(["umount", str(store)], capture_output=True)
+
+
+def test_ctrl_c_wrapped_by_a_library_is_still_a_stopped_search(tmp_path):
+    """Ctrl-C (or SIGTERM, which the CLI maps to it) that lands inside MLflow's SQL layer reaches
+    the search wrapped in the library's own error: it is still a stopped search (its runs closed
+    KILLED, the line naming `resume`), not a traceback with runs left RUNNING (train did that once
+    in CI; the search had the same path). A real sqlite store."""
+    from triaccel.errors import Interrupted
+    from triaccel.search import runner
+    from triaccel.search.callbacks import TAG_SEARCH
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    c, exp = runner._client(uri)
+    run = c.create_run(exp, tags={TAG_SEARCH: "w"}).info.run_id
+    other = c.create_run(exp, tags={TAG_SEARCH: "someone-else"}).info.run_id
+    with pytest.raises(Interrupted, match=r"search 'w' stopped before it finished: `triaccel resume w`"):
+        with runner.interruptible("w", uri):
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt as e:  # what sqlalchemy does with an interrupt mid-statement
+                raise RuntimeError("(sqlite3.OperationalError) interrupted") from e
+    assert c.get_run(run).info.status == "KILLED"
+    assert c.get_run(other).info.status == "RUNNING"
+    with pytest.raises(RuntimeError, match="not an interrupt"):  # any other error passes through
+        with runner.interruptible("w", uri):
+            raise RuntimeError("not an interrupt")

@@ -8,18 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from triaccel.errors import Interrupted, TriAccelError
-
-
-def _interrupted(e: BaseException) -> bool:
-    """Whether ``e`` is, or was caused by, a KeyboardInterrupt (Ctrl-C, or SIGTERM as the CLI maps it)."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        if isinstance(e, KeyboardInterrupt):
-            return True
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return False
+from triaccel.errors import Interrupted, TriAccelError, interrupted as _interrupted
 
 
 def _stop_at_a_step_on_sigterm(trainer) -> None:

@@ -41,6 +41,19 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, on_term)
 
 
+def interrupted(e: BaseException | None) -> bool:
+    """Whether ``e`` is, or was caused by, a KeyboardInterrupt: Ctrl-C, or SIGTERM as the CLI
+    maps it, that landed inside a library call which wrapped it in its own error (MLflow's SQL
+    layer does: the run was left RUNNING and the CLI exited 1 with a traceback)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
 TERMINATED = False  # set when SIGTERM arrived: the CLI exits 143 (128 + SIGTERM), not 130
 
 
