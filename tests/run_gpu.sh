@@ -42,12 +42,24 @@ case "${PART:-}" in
   *) echo "tests/run_gpu.sh: PART must be cuda, search, hardening or rest, got '$PART'" >&2; exit 2 ;;
 esac
 if [ -n "${SHARD:-}" ]; then
-  i=${SHARD%/*}; n=${SHARD#*/}
-  case "$i/$n" in (*[!0-9/]*|/*|*/) echo "tests/run_gpu.sh: SHARD must be i/n, got '$SHARD'" >&2; exit 2 ;; esac
+  # "3" passed as 3/3, 1/0 ran every test and 0/2 or 3/2 overlapped other shards
+  if ! [[ $SHARD =~ ^0*([1-9][0-9]{0,5})/0*([1-9][0-9]{0,5})$ ]] || (( BASH_REMATCH[1] > BASH_REMATCH[2] )); then
+    echo "tests/run_gpu.sh: SHARD must be i/n with 1 <= i <= n, got '$SHARD'" >&2; exit 2
+  fi
+  i=${BASH_REMATCH[1]}; n=${BASH_REMATCH[2]}
+  # a file that fails to import fails the shard, as it fails an unsharded run (its tests were
+  # dropped from the selection and the rest passed, exit 0)
   # shellcheck disable=SC2086
-  # node ids hold spaces (parametrised ids): one array element each
-  mapfile -t SEL < <(python3 -m pytest --collect-only -q -p no:cacheprovider ${PYTEST_ARGS:-} 2>/dev/null \
-                     | grep "::" | awk -v i="$i" -v n="$n" '(NR - i) % n == 0 && NR >= i')
+  collected=$(python3 -m pytest --collect-only -q -p no:cacheprovider ${PYTEST_ARGS:-} 2>/dev/null)
+  crc=$?
+  if [ "$crc" -ne 0 ]; then
+    echo "GPU suite${PART:+ (part $PART)}: collecting the tests for SHARD $SHARD failed (exit $crc):"
+    grep -E "^(ERROR|E  )" <<<"$collected" | head -20
+    exit 2
+  fi
+  # node ids hold spaces (parametrised ids): one array element each; the ids end at the first blank line
+  mapfile -t SEL < <(awk -v i="$i" -v n="$n" '/^$/ { exit } /::/ { k++; if (k >= i && (k - i) % n == 0) print }' \
+                     <<<"$collected")
   [ "${#SEL[@]}" -gt 0 ] || { echo "tests/run_gpu.sh: SHARD $SHARD selects no test"; exit 2; }
   PYTEST_ARGS=""
 fi

@@ -1,0 +1,54 @@
+"""tests/run_gpu.sh's SHARD=i/n, run on a throw-away tree of tests (python3's pip made a no-op:
+the script reinstalls the package it is run from)."""
+import os
+import shutil
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+
+def _tree(tmp_path, bad: bool):
+    (tmp_path / "tests").mkdir()
+    shutil.copy(ROOT / "tests" / "run_gpu.sh", tmp_path / "tests" / "run_gpu.sh")
+    (tmp_path / "tests" / "test_ok.py").write_text("".join(f"def test_{c}():\n    pass\n" for c in "abc"))
+    if bad:  # a file that fails to import: a collection error
+        (tmp_path / "tests" / "test_bad.py").write_text("import no_such_module_here\n\ndef test_x():\n    pass\n")
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    py = shim / "python3"
+    py.write_text(f'#!/bin/sh\n[ "$1 $2" = "-m pip" ] && exit 0\nexec "{sys.executable}" "$@"\n')
+    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    (tmp_path / "out").mkdir()
+    return tmp_path
+
+
+def _run(root, shard, args="tests"):
+    env = {k: v for k, v in os.environ.items() if k not in ("PART", "GPU_WORKERS", "PYTEST_ADDOPTS")}
+    env.update(PATH=f"{root / 'bin'}:{env['PATH']}", OUT=str(root / "out"), SHARD=shard, PYTEST_ARGS=args)
+    return subprocess.run(["bash", str(root / "tests" / "run_gpu.sh")], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_shard_reports_a_collection_error(tmp_path):
+    """A file that fails to import fails the shard (as it fails the unsharded run), not dropped
+    from the selection with the other tests passing and exit 0."""
+    r = _run(_tree(tmp_path, bad=True), "1/2")
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert "test_bad.py" in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("shard", ["3", "0/2", "3/2", "1/0", "1/2/3"])
+def test_shard_must_be_i_of_n(tmp_path, shard):
+    r = _run(_tree(tmp_path, bad=False), shard)
+    assert r.returncode == 2 and "SHARD must be i/n" in r.stderr, r.stdout + r.stderr
+
+
+def test_shards_split_the_tests(tmp_path):
+    root = _tree(tmp_path, bad=False)
+    r1, r2 = _run(root, "1/2"), _run(root, "2/2")
+    assert r1.returncode == 0 and "2 passed" in r1.stdout, r1.stdout + r1.stderr
+    assert r2.returncode == 0 and "1 passed" in r2.stdout, r2.stdout + r2.stderr
