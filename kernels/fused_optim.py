@@ -199,21 +199,25 @@ class _FusedBase(torch.optim.Optimizer):
         captured static one (H200, bench/results/h200_step_gap.json)."""
         if set_to_none:
             return super().zero_grad(set_to_none=True)
-        by_dtype: dict = {}
-        for g in self.param_groups:
-            for p in g["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.grad_fn is not None:
-                    p.grad.detach_()
-                else:
-                    p.grad.requires_grad_(False)
-                if p.grad.is_sparse:
-                    p.grad.zero_()
-                else:
-                    by_dtype.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
-        for grads in by_dtype.values():
-            torch._foreach_zero_(grads)
+        if not hasattr(self, "_zero_grad_profile_name"):  # as torch.optim does (an unpickled optimizer)
+            self._patch_step_function()
+        # in torch's range: profiles and traces name the zeroing as they do for torch.optim's own
+        with torch.autograd.profiler.record_function(self._zero_grad_profile_name):
+            by_dtype: dict = {}
+            for g in self.param_groups:
+                for p in g["params"]:
+                    if p.grad is None:
+                        continue
+                    if p.grad.grad_fn is not None:
+                        p.grad.detach_()
+                    else:
+                        p.grad.requires_grad_(False)
+                    if p.grad.is_sparse:
+                        p.grad.zero_()
+                    else:
+                        by_dtype.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
+            for grads in by_dtype.values():
+                torch._foreach_zero_(grads)
 
     def _collect(self):
         ps, gs, gid = [], [], []

@@ -276,3 +276,21 @@ def test_fused_zero_grad_keeps_storage_and_zeroes_in_one_multi_tensor_op(kind):
     assert all(float(p.grad.abs().sum()) == 0 for p in p1)
     o1.zero_grad()
     assert all(p.grad is None for p in p1)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_fused_zero_grad_keeps_torch_profiler_range(kind):
+    """The in-place zeroing runs inside torch.optim's ``Optimizer.zero_grad#<class>.zero_grad``
+    range, as both of torch's paths do: `triaccel profile`'s tables and traces name it (the
+    override had dropped it for set_to_none=False, the captured step's path)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    p1, _, o1, _ = _opt_pair(kind, "cpu", [0.1, 0.05, 0.2, 0.01, 0.1])
+    sum((p * 3.0).sum() for p in p1).backward()
+    for set_to_none in (False, True):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            o1.zero_grad(set_to_none=set_to_none)
+        names = [e.name for e in prof.events()]
+        assert f"Optimizer.zero_grad#{type(o1).__name__}.zero_grad" in names, (set_to_none, names)
+        if not set_to_none:
+            sum((p * 3.0).sum() for p in p1).backward()
