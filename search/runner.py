@@ -475,9 +475,9 @@ def interruptible(name: str, uri: str):
     except (KeyboardInterrupt, Interrupted) as e:
         _stopped(name, uri, f" ({e})" if isinstance(e, Interrupted) else "")
     except Exception as e:  # noqa: BLE001 -- MLflow, sqlite, Ray and the OS each say "full" their own way
-        if interrupted(e):  # Ctrl-C or SIGTERM that landed inside a library call, wrapped in its error
+        full = disk_full(e)  # first: a full disk met while stopping is what to fix (and the store may be on it)
+        if full is None and interrupted(e):  # Ctrl-C or SIGTERM that landed inside a library call, wrapped in its error
             _stopped(name, uri, "")
-        full = disk_full(e)
         if full is None:
             raise
         raise TriAccelError(f"search '{name}' stopped: a disk it writes is full ({full}); free space, then "

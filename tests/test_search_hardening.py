@@ -651,3 +651,24 @@ def test_ctrl_c_wrapped_by_a_library_is_still_a_stopped_search(tmp_path):
     with pytest.raises(RuntimeError, match="not an interrupt"):  # any other error passes through
         with runner.interruptible("w", uri):
             raise RuntimeError("not an interrupt")
+
+
+def test_a_full_disk_met_while_stopping_is_said_as_full(tmp_path):
+    """A full disk that a Ctrl-C's clean-up ran into (Tune saving its state after the interrupt:
+    the OSError's context is the KeyboardInterrupt) is said as a full disk, as before a wrapped
+    interrupt counted as a stop: reported as stopped it hid the disk, and closing the runs wrote to
+    the full store."""
+    import errno
+
+    from triaccel.errors import Interrupted, TriAccelError
+    from triaccel.search import runner
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    runner._client(uri)
+    with pytest.raises(TriAccelError, match=r"search 'w' stopped: a disk it writes is full") as ei:
+        with runner.interruptible("w", uri):
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                raise OSError(errno.ENOSPC, "No space left on device")
+    assert not isinstance(ei.value, Interrupted)
