@@ -355,9 +355,16 @@ def from_dict(cls, data: dict, prefix: str = ""):
             raise ConfigError(f"{prefix}{k}: unknown key (valid: {', '.join(sorted(names))})")
     kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
     try:
-        return cls(**kwargs)
+        obj = cls(**kwargs)
     except TypeError as e:  # pragma: no cover - guarded by the checks above
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {e}") from None
+    # nan and inf pass most range checks (inf >= 0): optim.warmup_epochs=.inf was an OverflowError
+    # traceback in the trainer, optim.weight_decay=inf trained to a nan loss. After the section's own
+    # checks, so a key with its own wording (optim.lr) keeps it.
+    for k, v in kwargs.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"{prefix}{k}: must be a finite number, got {v}")
+    return obj
 
 
 def to_dict(cfg) -> dict:

@@ -1,0 +1,34 @@
+"""#14 beyond the list: inputs users try that still reached a traceback, a silent misreading or a
+lost run. Each is one line naming the key, flag, file or variable, exit status 2, nothing written."""
+import pytest
+
+from conftest import ROOT
+from triaccel.cli import main
+from triaccel.config import load_config
+from triaccel.errors import ConfigError
+
+QUICK = str(ROOT / "configs" / "quickstart.yaml")
+FAST = ["--set", "epochs=1", "--set", "tracking.enabled=false", "--set", "evaluate_test=false"]
+
+
+def _one_line(capsys, argv, match):
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc == 2, (rc, out[-1000:], err[-1000:])
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("triaccel: error: ") and match in lines[0], lines
+    assert "epoch" not in out  # nothing trained
+    return lines[0]
+
+
+@pytest.mark.parametrize("setting,key", [
+    ("optim.warmup_epochs=.inf", "optim.warmup_epochs"),  # was OverflowError in the trainer
+    ("optim.weight_decay=inf", "optim.weight_decay"),  # trained, then "train loss is nan"
+    ("triaccel.curvature.alpha=.inf", "triaccel.curvature.alpha"),
+    ("triaccel.curvature.tau_curv=.inf", "triaccel.curvature.tau_curv"),
+    ("triaccel.batch.budget_gb=.inf", "triaccel.batch.budget_gb"),
+])
+def test_non_finite_numbers_are_refused_naming_the_key(capsys, setting, key):
+    _one_line(capsys, ["train", "--config", QUICK, *FAST, "--set", setting], f"{key}: must be")
+    with pytest.raises(ConfigError, match=key):
+        load_config(None, [setting])
