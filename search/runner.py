@@ -364,6 +364,7 @@ def usable_store() -> str:
         raise ConfigError(f"{key}: cannot use the MLflow store {os.environ.get('MLFLOW_TRACKING_URI') or 'mlruns/'} "
                           f"({e.strerror or e}: {e.filename})") from None
     client(uri, key=key)
+    _client(uri)  # its experiment deleted in the MLflow UI: said here, before the search takes its name
     return uri
 
 

@@ -32,3 +32,29 @@ def test_non_finite_numbers_are_refused_naming_the_key(capsys, setting, key):
     _one_line(capsys, ["train", "--config", QUICK, *FAST, "--set", setting], f"{key}: must be")
     with pytest.raises(ConfigError, match=key):
         load_config(None, [setting])
+
+
+def _deleted_experiment(uri, name):
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=uri)
+    c.delete_experiment(c.create_experiment(name))
+
+
+def test_experiment_deleted_in_the_ui_is_one_line_for_train_and_search(tmp_path, capsys, monkeypatch):
+    """Deleting the experiment in the MLflow UI (its trash) made every later `train` and `search` on
+    that store an MlflowException traceback ("must be in the 'active' state"), and the search had
+    already taken its name (a rerun was told to resume a search that never ran)."""
+    uri = f"sqlite:///{tmp_path}/m.db"
+    _deleted_experiment(uri, "triaccel-train")
+    _deleted_experiment(uri, "triaccel-search")
+    capsys.readouterr()  # MLflow's own log of creating the store
+    line = _one_line(capsys, ["train", "--config", QUICK, "--set", "epochs=1", "--set", "evaluate_test=false",
+                              "--set", f"tracking.tracking_uri={uri}"], "tracking.experiment: MLflow experiment "
+                     "'triaccel-train'")
+    assert "is deleted" in line and "restore it in the MLflow UI" in line
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("TRIACCEL_TUNE_DIR", str(tmp_path / "tune"))
+    _one_line(capsys, ["search", "--space", "quickstart", "--name", "q"], "MLflow experiment 'triaccel-search'")
+    assert not (tmp_path / "tune" / "q").exists()  # the name is not taken

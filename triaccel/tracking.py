@@ -125,8 +125,14 @@ def check_store(uri: str, key: str = "tracking.tracking_uri", write: bool = True
         raise ConfigError(f"{key}: cannot use the MLflow store {uri} ({msg[:200]})") from None
 
 
-def ensure_experiment(c, name: str) -> str:
+def ensure_experiment(c, name: str, key: str | None = None) -> str:
     exp = c.get_experiment_by_name(name)
+    if exp is not None and exp.lifecycle_stage == "deleted":
+        # deleted in the MLflow UI: still in the store (its trash), and MLflow refuses new runs in it with a
+        # traceback; restoring it silently would undo the user's deletion
+        raise ConfigError(f"{key + ': ' if key else ''}MLflow experiment '{name}' in {c.tracking_uri} is deleted "
+                          f"(in the UI's trash): restore it in the MLflow UI, or remove it for good with "
+                          f"`mlflow gc --backend-store-uri {c.tracking_uri}`")
     if exp is not None:
         return exp.experiment_id
     try:
@@ -192,7 +198,7 @@ class MLflowLogger(Callback):
     def on_setup(self, trainer):
         tc = self.cfg.tracking
         self.client = client(tc.tracking_uri)
-        exp = ensure_experiment(self.client, tc.experiment)
+        exp = ensure_experiment(self.client, tc.experiment, key="tracking.experiment")
         tags = {"git_revision": git_revision(), "device": str(trainer.device), "mode": self.cfg.mode,
                 "mem_source": trainer.meter.source, **self.extra_tags}
         if self.parent_run_id:
