@@ -417,6 +417,8 @@ def resolve_space_path(path: str) -> Path:
     p = Path(path)
     if p.is_file():
         return p
+    if p.is_dir():  # said "no such space file" of a folder that is there
+        raise ConfigError(f"{path}: is a folder, not a space file")
     if p.parent != Path(".") or p.exists():  # a path with a folder names a file, never a shipped space
         raise ConfigError(f"{path}: no such space file")
     from importlib import resources

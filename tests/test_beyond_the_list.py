@@ -58,3 +58,22 @@ def test_experiment_deleted_in_the_ui_is_one_line_for_train_and_search(tmp_path,
     monkeypatch.setenv("TRIACCEL_TUNE_DIR", str(tmp_path / "tune"))
     _one_line(capsys, ["search", "--space", "quickstart", "--name", "q"], "MLflow experiment 'triaccel-search'")
     assert not (tmp_path / "tune" / "q").exists()  # the name is not taken
+
+
+def test_config_that_is_a_folder_or_a_pipe(tmp_path, capsys):
+    """`--config DIR` said "no such file" of a folder that is there (`--space DIR` "no such space
+    file"); `--config <(sed ... c.yaml)` (a pipe, /dev/fd/N) said "no such file" and did not train."""
+    _one_line(capsys, ["train", "--config", str(tmp_path), *FAST], f"{tmp_path}: is a folder, not a YAML file")
+    _one_line(capsys, ["search", "--space", str(tmp_path)], f"{tmp_path}: is a folder, not a space file")
+    import os
+
+    r, w = os.pipe()
+    os.write(w, (ROOT / "configs" / "quickstart.yaml").read_bytes())
+    os.close(w)
+    try:
+        cfg = load_config(f"/dev/fd/{r}", ["epochs=1"])
+    finally:
+        os.close(r)
+    assert cfg.model.width == 16 and cfg.epochs == 1
+    with pytest.raises(ConfigError, match="/dev/zero: more than 16 MiB: not a config file"):
+        load_config("/dev/zero")  # read with a bound, not for ever

@@ -413,14 +413,24 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
     return out
 
 
+MAX_YAML_BYTES = 16 * 2**20  # a config or space is a few KiB
+
+
 def read_yaml(path: str | Path) -> dict:
     p = Path(path)
-    if not p.is_file():
+    if p.is_dir():  # said "no such file" of a folder that is there
+        raise ConfigError(f"{p}: is a folder, not a YAML file")
+    if not p.exists():
         raise ConfigError(f"{p}: no such file")
     try:
-        raw = p.read_bytes()
+        # not only regular files: `--config <(sed ... c.yaml)` and other pipes (/dev/fd/N, a FIFO) were
+        # "no such file"; read once (a pipe cannot be read twice), and never without end (/dev/zero)
+        with open(p, "rb") as f:
+            raw = f.read(MAX_YAML_BYTES + 1)
     except OSError as e:
         raise ConfigError(f"{p}: cannot read it ({e.strerror or e})") from None
+    if len(raw) > MAX_YAML_BYTES:
+        raise ConfigError(f"{p}: more than {MAX_YAML_BYTES // 2**20} MiB: not a config file")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
