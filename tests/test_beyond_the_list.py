@@ -77,3 +77,21 @@ def test_config_that_is_a_folder_or_a_pipe(tmp_path, capsys):
     assert cfg.model.width == 16 and cfg.epochs == 1
     with pytest.raises(ConfigError, match="/dev/zero: more than 16 MiB: not a config file"):
         load_config("/dev/zero")  # read with a bound, not for ever
+
+
+def test_a_key_given_twice_in_a_yaml_file_is_refused(tmp_path, capsys):
+    """PyYAML keeps the last of two equal keys without a word: `epochs: 1` ... `epochs: 50` trained
+    50 epochs, and a space listing one param twice searched only the second range."""
+    c = tmp_path / "c.yaml"
+    c.write_text("epochs: 1\nmodel: {name: mlp}\ntracking: {enabled: false}\nepochs: 50\n")
+    _one_line(capsys, ["train", "--config", str(c)], "c.yaml: epochs is given twice in one mapping (lines 1 and 4)")
+    text = (ROOT / "spaces" / "quickstart.yaml").read_text()
+    s = tmp_path / "s.yaml"
+    s.write_text(text + "  triaccel.curvature.alpha:    {distribution: loguniform, low: 1.0, high: 3.0}\n")
+    _one_line(capsys, ["search", "--space", str(s)], "s.yaml: triaccel.curvature.alpha is given twice")
+    assert not (tmp_path / "mlruns").exists()
+    # a merge key's values may still be overridden: that is what merging is for
+    c.write_text("base: &b {name: digits, val_fraction: 0.2}\ndata:\n  <<: *b\n  val_fraction: 0.3\n")
+    from triaccel.config import read_yaml
+
+    assert read_yaml(c)["data"] == {"name": "digits", "val_fraction": 0.3}

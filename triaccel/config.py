@@ -416,6 +416,33 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
 MAX_YAML_BYTES = 16 * 2**20  # a config or space is a few KiB
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key, first: int, second: int):
+        super().__init__(f"{key} given twice")
+        self.key, self.first, self.second = key, first, second
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping: PyYAML keeps the last silently, so
+    `epochs: 1` ... `epochs: 50` trained 50 epochs and a space's second `params` entry for a key replaced
+    the first without a word. Merge keys (``<<: *base``) may still be overridden."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for k, _ in node.value:
+                if k.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(k, deep=True)
+                try:
+                    if key in seen:
+                        raise _DuplicateKey(key, seen[key], k.start_mark.line + 1)
+                    seen[key] = k.start_mark.line + 1
+                except TypeError:  # an unhashable key: SafeLoader's own error says so
+                    pass
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: str | Path) -> dict:
     p = Path(path)
     if p.is_dir():  # said "no such file" of a folder that is there
@@ -437,7 +464,10 @@ def read_yaml(path: str | Path) -> dict:
         raise ConfigError(f"{p}: not a YAML text file (not UTF-8: byte 0x{raw[e.start]:02x} at offset {e.start})") \
             from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_StrictLoader)
+    except _DuplicateKey as e:
+        raise ConfigError(f"{p}: {e.key} is given twice in one mapping (lines {e.first} and {e.second}): "
+                          f"keep one") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
