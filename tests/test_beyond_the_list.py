@@ -95,3 +95,9 @@ def test_a_key_given_twice_in_a_yaml_file_is_refused(tmp_path, capsys):
     from triaccel.config import read_yaml
 
     assert read_yaml(c)["data"] == {"name": "digits", "val_fraction": 0.3}
+
+
+@pytest.mark.parametrize("item", ["=5", ".epochs=1", "optim..lr=0.1", "optim.=0.1", " =1"])
+def test_set_with_an_empty_key_part_names_the_flag(capsys, item):
+    """`--set =5` or `--set .epochs=1` said ": unknown key (valid: ...)", naming nothing."""
+    _one_line(capsys, ["train", "--config", QUICK, *FAST, "--set", item], f"--set {item}: expected key=value")

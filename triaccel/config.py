@@ -406,6 +406,8 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
         if "=" not in item:
             raise ConfigError(f"--set {item}: expected key=value")
         k, v = item.split("=", 1)
+        if not all(part.strip() for part in k.split(".")):  # `--set =5`, `--set .epochs=1`: was ": unknown key"
+            raise ConfigError(f"--set {item}: expected key=value with a dotted key such as optim.lr=0.1")
         try:
             out.append((k.strip(), yaml.safe_load(v)))
         except yaml.YAMLError:
