@@ -101,3 +101,12 @@ def test_a_key_given_twice_in_a_yaml_file_is_refused(tmp_path, capsys):
 def test_set_with_an_empty_key_part_names_the_flag(capsys, item):
     """`--set =5` or `--set .epochs=1` said ": unknown key (valid: ...)", naming nothing."""
     _one_line(capsys, ["train", "--config", QUICK, *FAST, "--set", item], f"--set {item}: expected key=value")
+
+
+@pytest.mark.parametrize("value", ["abc", "2s", "-1", "nan"])
+def test_unusable_progress_delay_is_one_line_before_anything_runs(capsys, monkeypatch, value):
+    """TRIACCEL_PROGRESS_DELAY=abc was a ValueError traceback from the first progress bar, mid-run."""
+    monkeypatch.setenv("TRIACCEL_PROGRESS", "1")
+    monkeypatch.setenv("TRIACCEL_PROGRESS_DELAY", value)
+    _one_line(capsys, ["train", "--config", QUICK, *FAST], f"TRIACCEL_PROGRESS_DELAY: must be a number of "
+              f"seconds >= 0, got {value!r}")

@@ -125,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     errors.stop_on_sigterm()
     try:
+        from triaccel import progress
+
+        progress.delay()  # an unusable TRIACCEL_PROGRESS_DELAY: said before anything runs or is written
         return int(args.func(args) or 0)
     except Interrupted as e:
         print(f"triaccel: interrupted: {e}", file=sys.stderr)

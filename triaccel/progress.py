@@ -19,6 +19,21 @@ def enabled() -> bool:
     return sys.stderr.isatty()
 
 
+def delay() -> float:
+    """``TRIACCEL_PROGRESS_DELAY`` in seconds; a value that is not one is a one-line error naming the
+    variable (``=abc`` was a ValueError traceback from the first bar, mid-run). The CLI checks it first."""
+    from triaccel.errors import ConfigError
+
+    raw = os.environ.get("TRIACCEL_PROGRESS_DELAY") or "2"  # set but empty: the default, as unset
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):
+        raise ConfigError(f"TRIACCEL_PROGRESS_DELAY: must be a number of seconds >= 0, got {raw!r}")
+    return value
+
+
 def bar(total: int, desc: str, unit: str = "it"):
     return tqdm(total=total, desc=desc, unit=unit, leave=False, disable=not enabled(), dynamic_ncols=True,
-                delay=float(os.environ.get("TRIACCEL_PROGRESS_DELAY", "2")), mininterval=0.5, file=sys.stderr)
+                delay=delay(), mininterval=0.5, file=sys.stderr)
