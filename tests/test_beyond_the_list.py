@@ -110,3 +110,18 @@ def test_unusable_progress_delay_is_one_line_before_anything_runs(capsys, monkey
     monkeypatch.setenv("TRIACCEL_PROGRESS_DELAY", value)
     _one_line(capsys, ["train", "--config", QUICK, *FAST], f"TRIACCEL_PROGRESS_DELAY: must be a number of "
               f"seconds >= 0, got {value!r}")
+
+
+@pytest.mark.parametrize("uri", ["sqlite://", "sqlite:///", "sqlite:///:memory:"])
+def test_in_memory_store_is_refused_naming_where_it_came_from(tmp_path, capsys, monkeypatch, uri):
+    """MLFLOW_TRACKING_URI=sqlite:// trained and printed "MLflow run ... at sqlite://": a store in the
+    process's memory, the run gone at exit. An error about a store from the environment named
+    tracking.tracking_uri, a key the user never set."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    train = ["train", "--config", QUICK, "--set", "epochs=1", "--set", "evaluate_test=false"]
+    _one_line(capsys, train, f"MLFLOW_TRACKING_URI: {uri} is an in-memory sqlite store")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "foo://bar")  # any store error names the variable
+    _one_line(capsys, train, "MLFLOW_TRACKING_URI: unknown MLflow store scheme 'foo'")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    _one_line(capsys, [*train, "--set", f"tracking.tracking_uri='{uri}'"], f"tracking.tracking_uri: {uri} is an in-memory")

@@ -54,6 +54,8 @@ def client(uri: str | None = None, key: str = "tracking.tracking_uri", write: bo
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     from mlflow.tracking import MlflowClient
 
+    if uri is None and key == "tracking.tracking_uri" and os.environ.get("MLFLOW_TRACKING_URI"):
+        key = "MLFLOW_TRACKING_URI"  # the store came from the environment: name that, not the unset config key
     u = tracking_uri(uri)
     if u not in _USABLE:
         check_store(u, key, write)
@@ -104,6 +106,11 @@ def check_store(uri: str, key: str = "tracking.tracking_uri", write: bool = True
     if scheme.split("+")[0] not in STORE_SCHEMES:  # postgresql+psycopg2: a driver after the +
         raise ConfigError(f"{key}: unknown MLflow store scheme {scheme!r} in {uri} "
                           f"(use sqlite:///PATH, http(s)://HOST:PORT or a database URI)")
+    if scheme == "sqlite" and urlparse(uri).path.strip("/") in ("", ":memory:"):
+        # sqlite:// (or sqlite:///, :memory:) is a store in this process's memory: train said "MLflow run ... at
+        # sqlite://" and the run was gone when it exited
+        raise ConfigError(f"{key}: {uri} is an in-memory sqlite store: every run would be lost when the process "
+                          f"ends; give a file, e.g. sqlite:///mlruns/mlflow.db")
     if scheme in ("http", "https"):
         try:
             urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5).close()
