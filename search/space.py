@@ -281,6 +281,11 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "") -> SearchS
                     step = int(step)
                 if not isinstance(step, int) or isinstance(step, bool) or step < 1:
                     raise _err(src, f"{pk}.step", f"must be an integer >= 1, got {step!r}")
+                if (int(p.high) - int(p.low)) % step:  # Optuna narrowed [8, 12] step 8 to [8, 8] with only a warning
+                    top = int(p.low) + (int(p.high) - int(p.low)) // step * step
+                    raise _err(src, f"{pk}.step", f"high ({int(p.high)}) is not on the grid low + k * step "
+                                                  f"(low {int(p.low)}, step {step}): the largest value drawn would be "
+                                                  f"{top}; make high {top} or {top + step}")
                 p.step = step
         # the key must be a real config key and every bound a value the config accepts
         for probe in ([p.low, p.high] if p.choices is None else p.choices):

@@ -125,3 +125,13 @@ def test_in_memory_store_is_refused_naming_where_it_came_from(tmp_path, capsys, 
     _one_line(capsys, train, "MLFLOW_TRACKING_URI: unknown MLflow store scheme 'foo'")
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     _one_line(capsys, [*train, "--set", f"tracking.tracking_uri='{uri}'"], f"tracking.tracking_uri: {uri} is an in-memory")
+
+
+def test_int_param_whose_high_is_off_its_step_grid_is_refused(tmp_path, capsys):
+    """{distribution: int, low: 8, high: 12, step: 8}: Optuna narrowed it to [8, 8] with a warning
+    among Ray's logs; the search ran a range the space does not say."""
+    s = tmp_path / "s.yaml"
+    s.write_text((ROOT / "spaces" / "quickstart.yaml").read_text().replace(
+        "{distribution: int, low: 8, high: 48, step: 8}", "{distribution: int, low: 8, high: 12, step: 8}"))
+    _one_line(capsys, ["search", "--space", str(s)], "params.triaccel.batch.delta_down.step: high (12) is not on the "
+              "grid low + k * step (low 8, step 8): the largest value drawn would be 8; make high 8 or 16")
