@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import datetime
 import json
 import math
@@ -762,10 +763,10 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
     train.setdefault("tracking", {})
     train["tracking"] = {**train["tracking"], "enabled": True, "experiment": "triaccel-train"}
     train["evaluate_test"] = True
-    searched_epochs = int(train.get("epochs", TrainConfig().epochs))
-    if epochs is not None:
-        train["epochs"] = epochs
     cfg = from_dict(TrainConfig, train)  # what `triaccel train --config` will accept
+    searched_epochs = cfg.epochs
+    if epochs is not None:
+        cfg = dataclasses.replace(cfg, epochs=epochs)
     data = to_dict(cfg)
     keep = ("efficiency", "val_acc", "epoch_time_last5_s", "peak_mem_gib", "shared_trials")
     prov = {

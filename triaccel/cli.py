@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from triaccel.errors import Interrupted, TriAccelError, interrupted as _interrupted
+from triaccel.errors import Interrupted, TriAccelError, interrupted
 
 
 def _stop_at_a_step_on_sigterm(trainer) -> None:
@@ -61,7 +61,7 @@ def cmd_train(args) -> int:
 
         full = disk_full(e) if isinstance(e, Exception) else None
         # Ctrl-C or SIGTERM that landed inside a library call (MLflow's SQL layer wraps it in its own error)
-        stopped = _interrupted(e)
+        stopped = interrupted(e)
         if logger is not None:
             try:
                 logger.finish("KILLED" if stopped else "FAILED", reason=f"{type(e).__name__}: {e}")

@@ -41,17 +41,20 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, on_term)
 
 
+def _chain(e: BaseException | None):
+    """``e`` and the exceptions it was raised from or during, each once."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
 def interrupted(e: BaseException | None) -> bool:
     """Whether ``e`` is, or was caused by, a KeyboardInterrupt: Ctrl-C, or SIGTERM as the CLI
     maps it, that landed inside a library call which wrapped it in its own error (MLflow's SQL
     layer does: the run was left RUNNING and the CLI exited 1 with a traceback)."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        if isinstance(e, KeyboardInterrupt):
-            return True
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return False
+    return any(isinstance(x, KeyboardInterrupt) for x in _chain(e))
 
 
 TERMINATED = False  # set when SIGTERM arrived: the CLI exits 143 (128 + SIGTERM), not 130
@@ -62,13 +65,10 @@ def disk_full(e: BaseException) -> str | None:
     A store or Tune folder that filled mid-search was a traceback of MLflow's or Tune's, exit 1."""
     import errno
 
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        text = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+    for x in _chain(e):
+        text = str(x).strip().splitlines()[0][:160] if str(x).strip() else type(x).__name__
+        if isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EDQUOT):
             return text
-        if "database or disk is full" in str(e) or "No space left on device" in str(e):
-            return "database or disk is full" if "database or disk is full" in str(e) else text
-        e = e.__cause__ or e.__context__
+        if "database or disk is full" in str(x) or "No space left on device" in str(x):
+            return "database or disk is full" if "database or disk is full" in str(x) else text
     return None
