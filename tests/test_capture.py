@@ -168,3 +168,58 @@ def test_a_batch_change_drops_the_graphs_and_releases_their_pool():
     assert 0 < t.graphs.extra_bytes < big  # the new pool holds the small batch's activations only
     t.apply(Decisions(batch_size=16))  # no change: the graphs stay
     assert t.graphs.resets == 1 and len(t.graphs.graphs) == 1
+
+
+# ---- cublas_workspace_mib: cuBLAS's per-stream workspaces were 130 MiB of a captured ResNet-18
+# step's 0.52 GiB peak on the H200 (bench/results/h200_mem_breakdown.json)
+def test_cublas_workspace_is_set_for_a_run_and_put_back_for_a_null_one(monkeypatch):
+    import os
+
+    import triaccel.trainer as tr
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.setattr(tr, "_CUBLAS_ENV_AT_START", ":16:8")  # what the user's environment said at start
+    assert tr.set_cublas_workspace(4) is True
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:1"
+    assert tr.set_cublas_workspace(4) is False  # unchanged: the workspaces torch made are kept
+    assert tr.set_cublas_workspace(0) is True and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":0:1"
+    assert tr.set_cublas_workspace(None) is True
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"  # null: the user's own setting again
+    monkeypatch.setattr(tr, "_CUBLAS_ENV_AT_START", None)
+    assert tr.set_cublas_workspace(None) is True and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+
+
+@pytest.mark.parametrize("bad", [-1, 4097, 2.5, "4MiB"])
+def test_cublas_workspace_mib_out_of_range_names_the_key(bad):
+    with pytest.raises(ConfigError, match="cublas_workspace_mib"):
+        small_cfg(cublas_workspace_mib=bad)
+
+
+@cuda
+def test_cublas_workspace_mib_sizes_the_workspace_a_matmul_allocates():
+    """On the GPU: the first matmul on a stream allocates the workspace; with 4 MiB it is
+    smaller than torch's default (H200: 9 against 65 MiB), and a null run gets the default back."""
+    from triaccel.trainer import set_cublas_workspace
+
+    a = torch.randn(64, 64, device="cuda")
+
+    def workspace_bytes():
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        c = a @ a
+        torch.cuda.synchronize()
+        return torch.cuda.memory_allocated() - before - c.numel() * c.element_size()
+
+    try:
+        set_cublas_workspace(4)
+        small = workspace_bytes()
+        set_cublas_workspace(None)
+        default = workspace_bytes()
+        assert 0 < small <= 2 * 4 * 2**20 + 2 * 2**20 < default
+        t = Trainer(small_cfg(device="cuda", mode="amp", amp_dtype="bf16", cublas_workspace_mib=4, epochs=1)).setup()
+        import os
+
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:1"
+        t.fit()
+    finally:
+        set_cublas_workspace(None)

@@ -272,6 +272,13 @@ class TrainConfig:
     eval_batch_size: int = 1024
     evaluate_test: bool = True  # final test-set evaluation (never used for selection)
     memory_limit_fraction: Optional[float] = None  # torch.cuda.set_per_process_memory_fraction
+    # cuBLAS's workspace per (handle, stream), in MiB (CUBLAS_WORKSPACE_CONFIG, set for this run and
+    # restored after). null: torch's default, 32 MiB on Hopper, paid twice per stream (cuBLAS and
+    # cuBLASLt) and again on the capture stream: 130 MiB of a captured ResNet-18 step's 0.52 GiB peak
+    # at B=96 on the H200, for a model whose only matmul is its 512x10 classifier. 4 there: peak 0.41
+    # GiB, same step time, efficiency 114 -> 142 (bench/results/h200_mem_breakdown*.json). Models with
+    # large matmuls (transformers) may want torch's default: measure before lowering it.
+    cublas_workspace_mib: Optional[int] = None
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -289,6 +296,8 @@ class TrainConfig:
         _check(self.mode != "amp" or self.amp_dtype != "fp32", "amp_dtype", "amp mode needs bf16 or fp16")
         _check(self.memory_limit_fraction is None or 0 < self.memory_limit_fraction <= 1,
                "memory_limit_fraction", "must be in (0, 1]")
+        _check(self.cublas_workspace_mib is None or 0 <= self.cublas_workspace_mib <= 4096,
+               "cublas_workspace_mib", f"must be null or an integer in [0, 4096] MiB, got {self.cublas_workspace_mib}")
         _check(re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None,
                "device", f"must be auto, cpu or cuda[:N], got {self.device!r}")
         _check(0 <= self.seed < 2**32, "seed", f"must be in [0, 2**32), got {self.seed}")

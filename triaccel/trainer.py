@@ -143,6 +143,28 @@ def _check_triton_device(cfg: TrainConfig, device: torch.device) -> None:
                                 f"this run is on {device}: use auto or torch")
 
 
+_CUBLAS_ENV = "CUBLAS_WORKSPACE_CONFIG"
+_CUBLAS_ENV_AT_START = os.environ.get(_CUBLAS_ENV)  # what the user's environment said, restored for null
+
+
+def set_cublas_workspace(mib: int | None) -> bool:
+    """Size cuBLAS's per-(handle, stream) workspaces for the runs that follow in this process:
+    ``mib`` MiB, or (None) what the environment said when the process started. torch reads
+    CUBLAS_WORKSPACE_CONFIG each time it allocates a workspace and keeps the ones it made, so a
+    change drops them (no graph of an earlier run may replay after this). True if it changed."""
+    want = _CUBLAS_ENV_AT_START if mib is None else f":{int(mib) * 1024}:1"
+    if os.environ.get(_CUBLAS_ENV) == want:
+        return False
+    if want is None:
+        del os.environ[_CUBLAS_ENV]
+    else:
+        os.environ[_CUBLAS_ENV] = want
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        torch._C._cuda_clearCublasWorkspaces()
+    return True
+
+
 def cudnn_benchmark_for(cfg: TrainConfig) -> bool:
     """cudnn_benchmark, resolved: null autotunes a fixed batch, not one the memory-elastic
     controller moves (each new batch size would be tuned again)."""
@@ -203,6 +225,9 @@ class Trainer:
             torch.backends.cudnn.benchmark = cudnn_benchmark_for(cfg)
             if cfg.memory_limit_fraction:
                 torch.cuda.set_per_process_memory_fraction(cfg.memory_limit_fraction, self.device)
+            if set_cublas_workspace(cfg.cublas_workspace_mib):
+                self.log(f"cuBLAS workspace: {cfg.cublas_workspace_mib} MiB per stream (cublas_workspace_mib)"
+                         if cfg.cublas_workspace_mib is not None else "cuBLAS workspace: torch's default")
 
         # ---- data: held-out validation split; test touched only by the final evaluation
         self.splits = load_splits(cfg.data)
