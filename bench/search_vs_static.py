@@ -99,7 +99,8 @@ def main():
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--static", default="bf16:512,fp16:512,bf16:256,bf16:768",
-                    help="dtype:batch[:captured] runs over every seed")
+                    help="dtype:batch[:captured][:torchws] runs over every seed (torchws: torch's cuBLAS "
+                         "workspace instead of the config's cublas_workspace_mib)")
     ap.add_argument("--static-once", default="bf16:96,bf16:1024,fp16:256,fp16:768")
     ap.add_argument("--space", default=str(ROOT / "spaces" / "cifar10_jpeg_resnet18.yaml"))
     ap.add_argument("--tuned", help="an exported config: skip the search")
@@ -138,11 +139,14 @@ def main():
     static.update(epochs=args.epochs)
     static["optim"]["warmup_epochs"] = 2
 
-    def static_cfg(spec):  # dtype:batch[:captured]
-        dt, b, *step = spec.split(":")
+    def static_cfg(spec):  # dtype:batch[:captured][:torchws]
+        dt, b, *flags = spec.split(":")
         d = copy.deepcopy(static)
-        d.update(mode="amp", amp_dtype=dt, batch_size=int(b), capture=step == ["captured"])
-        return f"static amp {dt} B={b}" + (" captured" if step == ["captured"] else ""), d
+        d.update(mode="amp", amp_dtype=dt, batch_size=int(b), capture="captured" in flags)
+        if "torchws" in flags:  # torch's cuBLAS workspace, as plain PyTorch runs, not the config's
+            d["cublas_workspace_mib"] = None
+        return (f"static amp {dt} B={b}" + (" captured" if "captured" in flags else "")
+                + (" torch-workspace" if "torchws" in flags else "")), d
 
     seeds = [int(s) for s in args.seeds.split(",")]
     plan = []
