@@ -89,6 +89,30 @@ def test_checkpointed_model_matches_plain():
     assert all(torch.allclose(p.grad, q.grad) for p, q in zip(plain.parameters(), ckpt.parameters()))
 
 
+@pytest.mark.parametrize("momentum", [0.1, None])  # None: a cumulative average over num_batches_tracked
+def test_checkpointed_recomputation_does_not_update_batchnorm_statistics_twice(momentum):
+    """The recomputation in backward runs each block's BatchNorm again: without care its running
+    statistics move twice per step (momentum 0.1 acting like 0.19), so evaluation sees other
+    statistics than the plain model's. Checked over three steps, the buffers must match."""
+    torch.manual_seed(4)
+    plain = build_model(ModelConfig(name="small_cnn", width=8), 10, 1, 8)
+    for m in plain.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.momentum = momentum
+    ckpt = copy.deepcopy(plain)
+    enable_checkpointing(ckpt)
+    for _ in range(3):
+        x = torch.randn(6, 1, 8, 8)
+        plain(x).square().mean().backward()
+        ckpt(x).square().mean().backward()
+    bufs = lambda m: {k: v for k, v in m.state_dict().items() if "running" in k or "num_batches" in k}  # noqa: E731
+    a, b = bufs(plain), bufs(ckpt)
+    assert a.keys() == b.keys() and a
+    for k in a:
+        assert torch.allclose(a[k].float(), b[k].float()), k
+    assert plain.training and ckpt.training
+
+
 def test_oom_recovery_loses_no_sample():
     """A memory budget that a micro-batch above 24 would exceed: every example still trains once."""
     cfg = small_cfg(**{"batch_size": 100, "epochs": 1})

@@ -138,7 +138,9 @@ def enable_checkpointing(model: nn.Module) -> int:
     """Recompute each of ``model.blocks()`` in backward instead of storing its activations.
 
     The block's forward is wrapped in place (parameter names and state_dict keys unchanged).
-    BatchNorm running statistics are updated again by the recomputation (see the guide).
+    The recomputation normalises with the batch's statistics as the forward did, but leaves the
+    BatchNorm running statistics alone: updated by both, they moved twice a step (momentum 0.1
+    acting like 0.19), so evaluation saw other statistics than the plain model's.
     Returns the number of blocks wrapped.
     """
     blocks = model.blocks()
@@ -148,10 +150,30 @@ def enable_checkpointing(model: nn.Module) -> int:
         # for the recomputation; skipping it elsewhere saves a copy per block and lets a checkpointed
         # step be recorded as a CUDA graph (reading the generator's state is not allowed while recording).
         random = any(_draws_random(m) for m in b.modules())
+        norms = [m for m in b.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
 
-        def fwd(x, _f=inner_forward, _rng=random):
+        def fwd(x, _f=inner_forward, _rng=random, _norms=norms):
             if torch.is_grad_enabled():
-                return checkpoint(_f, x, use_reentrant=False, preserve_rng_state=_rng)
+                calls = [0]
+
+                def run(x):
+                    calls[0] += 1
+                    if calls[0] == 1 or not _norms:
+                        return _f(x)
+                    # the recomputation in backward: the same ops (checkpoint compares what they save),
+                    # with an update factor of 0 (running = 1 * running + 0 * batch) and the counter put back
+                    moms = [m.momentum for m in _norms]
+                    for m in _norms:
+                        m.momentum = 0.0
+                    try:
+                        return _f(x)
+                    finally:
+                        for m, mom in zip(_norms, moms):
+                            m.momentum = mom
+                            if m.num_batches_tracked is not None:
+                                m.num_batches_tracked.sub_(1)
+
+                return checkpoint(run, x, use_reentrant=False, preserve_rng_state=_rng)
             return _f(x)
 
         b.forward = fwd
