@@ -135,3 +135,12 @@ def test_int_param_whose_high_is_off_its_step_grid_is_refused(tmp_path, capsys):
         "{distribution: int, low: 8, high: 48, step: 8}", "{distribution: int, low: 8, high: 12, step: 8}"))
     _one_line(capsys, ["search", "--space", str(s)], "params.triaccel.batch.delta_down.step: high (12) is not on the "
               "grid low + k * step (low 8, step 8): the largest value drawn would be 8; make high 8 or 16")
+
+
+def test_curvature_top_k_has_an_upper_bound(capsys):
+    """triaccel.curvature.top_k=1000000000: the probe's model-sized k-column blocks (k capped at each
+    layer's size) got the process killed for memory. A handful is normal (paper: 5); at most 64."""
+    triaccel = str(ROOT / "configs" / "quickstart_triaccel.yaml")
+    _one_line(capsys, ["train", "--config", triaccel, *FAST, "--set", "triaccel.curvature.top_k=1000000000"],
+              "triaccel.curvature.top_k: must be in [1, 64]")
+    assert load_config(triaccel, ["triaccel.curvature.top_k=64"]).triaccel.curvature.top_k == 64
