@@ -137,6 +137,14 @@ def test_int_param_whose_high_is_off_its_step_grid_is_refused(tmp_path, capsys):
               "grid low + k * step (low 8, step 8): the largest value drawn would be 8; make high 8 or 16")
 
 
+def test_model_width_has_an_upper_bound(capsys):
+    """model.width=100000000 was an allocator traceback building small_cnn (4096: OOM-killed on a
+    23 GiB machine). small_cnn's and mlp's width stop at 1024 (small_cnn's last conv: 4096 channels)."""
+    _one_line(capsys, ["train", "--config", QUICK, *FAST, "--set", "model.width=100000000"],
+              "model.width: must be in [1, 1024]")
+    assert load_config(QUICK, ["model.width=1024"]).model.width == 1024
+
+
 def test_curvature_top_k_has_an_upper_bound(capsys):
     """triaccel.curvature.top_k=1000000000: the probe's model-sized k-column blocks (k capped at each
     layer's size) got the process killed for memory. A handful is normal (paper: 5); at most 64."""

@@ -21,6 +21,11 @@ from triaccel.errors import ConfigError
 
 
 MAX_BATCH = 2**24  # far above any batch that fits a device; larger values overflow inside torch
+# model.width: small_cnn's first-conv channels (its last conv has 4x), mlp's hidden units. small_cnn at
+# 1024 has 4096 channels in its last conv (8x ResNet-18's widest) and 94 M parameters; shipped configs
+# use 16. At 4096 (1.5 G parameters, 18 GiB with grads and momentum) a digits run was OOM-killed on a
+# 23 GiB machine; model.width=100000000 was an allocator traceback building the model.
+MAX_WIDTH = 1024
 # triaccel.curvature.top_k: Hessian eigenvalues per layer (paper: 5). The probe holds k vectors the
 # size of the whole model two or three times over (ResNet-18 at k=64: 2.9 GB each, in fp32) and the
 # exact probe does k Hessian-vector products per layer and iteration; top_k=1000000000 was killed for memory.
@@ -63,7 +68,8 @@ class ModelConfig:
 
     def __post_init__(self):
         _check(self.resize is None or self.resize > 0, "model.resize", "must be > 0")
-        _check(self.width > 0, "model.width", "must be > 0")
+        _check(0 < self.width <= MAX_WIDTH, "model.width",
+               f"must be in [1, {MAX_WIDTH}] (small_cnn's first-conv channels, mlp's hidden units), got {self.width}")
 
 
 @dataclass
