@@ -152,3 +152,20 @@ def test_curvature_top_k_has_an_upper_bound(capsys):
     _one_line(capsys, ["train", "--config", triaccel, *FAST, "--set", "triaccel.curvature.top_k=1000000000"],
               "triaccel.curvature.top_k: must be in [1, 64]")
     assert load_config(triaccel, ["triaccel.curvature.top_k=64"]).triaccel.curvature.top_k == 64
+
+
+def test_warmup_longer_than_the_run_is_refused(tmp_path, capsys):
+    """optim.warmup_epochs=5 with epochs=1 trained without a word, the lr still rising when the run
+    ended: optim.lr never reached. warmup_epochs == epochs stays allowed (the quickstart's
+    `--set epochs=1` smoke runs use it). A space whose train.epochs is shorter than its warm-up is
+    refused when the space is read; trials stopped early by ASHA are not concerned."""
+    _one_line(capsys, ["train", "--config", QUICK, *FAST, "--set", "optim.warmup_epochs=5"],
+              "optim.warmup_epochs: must be <= epochs (1), got 5.0")
+    assert load_config(QUICK, ["epochs=1"]).optim.warmup_epochs == 1.0
+    # unset: 5 epochs, or the whole run when shorter (an exported 2-epoch config must load again)
+    assert load_config(None, ["epochs=2"]).optim.warmup_epochs == 2.0
+    assert load_config(None, ["epochs=8"]).optim.warmup_epochs == 5.0
+    s = tmp_path / "s.yaml"
+    s.write_text((ROOT / "spaces" / "quickstart.yaml").read_text().replace("warmup_epochs: 1}", "warmup_epochs: 6}"))
+    _one_line(capsys, ["search", "--space", str(s)], "s.yaml: train.optim.warmup_epochs: must be <= epochs (4)")
+    assert not (tmp_path / "mlruns").exists()

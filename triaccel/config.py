@@ -30,6 +30,7 @@ MAX_WIDTH = 1024
 # size of the whole model two or three times over (ResNet-18 at k=64: 2.9 GB each, in fp32) and the
 # exact probe does k Hessian-vector products per layer and iteration; top_k=1000000000 was killed for memory.
 MAX_TOP_K = 64
+DEFAULT_WARMUP_EPOCHS = 5.0  # optim.warmup_epochs when unset (at most the run's length)
 
 
 def _check(cond: bool, key: str, msg: str) -> None:
@@ -80,14 +81,16 @@ class OptimConfig:
     nesterov: bool = False
     weight_decay: float = 5e-4
     betas: tuple = (0.9, 0.999)  # adamw
-    warmup_epochs: float = 5.0  # linear warm-up, then cosine decay to 0
+    # linear warm-up, then cosine decay to 0; at most `epochs` (longer, the lr never reached optim.lr).
+    # Unset: 5 epochs, or the whole run when it is shorter (was 5 whatever the run's length).
+    warmup_epochs: Optional[float] = None
     clip_grad_norm: Optional[float] = None  # None: no clipping
 
     def __post_init__(self):
         _check(self.lr > 0 and math.isfinite(self.lr), "optim.lr", f"must be > 0 and finite, got {self.lr}")
         _check(0 <= self.momentum < 1, "optim.momentum", "must be in [0, 1)")
         _check(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
-        _check(self.warmup_epochs >= 0, "optim.warmup_epochs", "must be >= 0")
+        _check(self.warmup_epochs is None or self.warmup_epochs >= 0, "optim.warmup_epochs", "must be >= 0")
         _check(self.clip_grad_norm is None or self.clip_grad_norm > 0, "optim.clip_grad_norm", "must be > 0")
         _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas", "two values in [0, 1)")
         self.betas = tuple(float(b) for b in self.betas)
@@ -312,6 +315,11 @@ class TrainConfig:
         _check(re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None,
                "device", f"must be auto, cpu or cuda[:N], got {self.device!r}")
         _check(0 <= self.seed < 2**32, "seed", f"must be in [0, 2**32), got {self.seed}")
+        if self.optim.warmup_epochs is None:
+            self.optim.warmup_epochs = min(DEFAULT_WARMUP_EPOCHS, float(self.epochs))
+        _check(self.optim.warmup_epochs <= self.epochs, "optim.warmup_epochs",
+               f"must be <= epochs ({self.epochs}), got {self.optim.warmup_epochs}: the lr would still be "
+               f"rising to optim.lr when the run ends")
 
 
 # --------------------------------------------------------------------------- conversion
