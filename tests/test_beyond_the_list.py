@@ -145,6 +145,18 @@ def test_model_width_has_an_upper_bound(capsys):
     assert load_config(QUICK, ["model.width=1024"]).model.width == 1024
 
 
+def test_image_size_below_what_the_model_takes_is_refused(capsys):
+    """data.image_size=1 with small_cnn (it max-pools by 2) was torch's "Output size is too small"
+    traceback in the first forward. The line names the smallest size that works for the model."""
+    _one_line(capsys, ["train", "--config", QUICK, *FAST, "--set", "data.image_size=1"],
+              "data.image_size: small_cnn needs images of at least 2 px, got 1")
+    assert load_config(QUICK, ["data.image_size=2", "data.crop_padding=1"]).data.image_size == 2
+    # resnet18 pads every strided conv and pools adaptively: 1 px runs (as does efficientnet_b0 resizing inside)
+    assert load_config(QUICK, ["model.name=resnet18", "data.image_size=1", "data.crop_padding=0"])
+    assert load_config(QUICK, ["model.name=efficientnet_b0", "model.resize=32", "data.image_size=1",
+                               "data.crop_padding=0"])
+
+
 def test_curvature_top_k_has_an_upper_bound(capsys):
     """triaccel.curvature.top_k=1000000000: the probe's model-sized k-column blocks (k capped at each
     layer's size) got the process killed for memory. A handful is normal (paper: 5); at most 64."""

@@ -30,6 +30,10 @@ MAX_WIDTH = 1024
 # size of the whole model two or three times over (ResNet-18 at k=64: 2.9 GB each, in fp32) and the
 # exact probe does k Hessian-vector products per layer and iteration; top_k=1000000000 was killed for memory.
 MAX_TOP_K = 64
+# data.image_size: the smallest side each model can take (triaccel.models.MODELS). small_cnn max-pools
+# by 2 once (a 1 px image was "Output size is too small" from torch); resnet18 and efficientnet_b0 pad
+# every strided conv and pool adaptively, mlp flattens: any side >= 1 runs.
+MIN_IMAGE_SIZE = {"small_cnn": 2}
 DEFAULT_WARMUP_EPOCHS = 5.0  # optim.warmup_epochs when unset (at most the run's length)
 
 
@@ -320,6 +324,11 @@ class TrainConfig:
         _check(self.optim.warmup_epochs <= self.epochs, "optim.warmup_epochs",
                f"must be <= epochs ({self.epochs}), got {self.optim.warmup_epochs}: the lr would still be "
                f"rising to optim.lr when the run ends")
+        dc = self.data
+        if dc.image_size is not None:
+            least = 1 if self.model.resize else MIN_IMAGE_SIZE.get(self.model.name, 1)
+            _check(dc.image_size >= least, "data.image_size",
+                   f"{self.model.name} needs images of at least {least} px, got {dc.image_size}")
 
 
 # --------------------------------------------------------------------------- conversion
