@@ -137,6 +137,18 @@ def test_int_param_whose_high_is_off_its_step_grid_is_refused(tmp_path, capsys):
               "grid low + k * step (low 8, step 8): the largest value drawn would be 8; make high 8 or 16")
 
 
+def test_crop_padding_beyond_the_image_side_is_refused(capsys):
+    """data.crop_padding=100000 padded every batch to 200008 px a side: an allocator traceback asking
+    for 2.5 TB at the first batch. Bounded by the image side: checked with the config when
+    data.image_size is set, at data set-up (before any run is written) for the dataset's own side."""
+    _one_line(capsys, ["train", "--config", QUICK, *FAST, "--set", "data.crop_padding=100000"],
+              "data.crop_padding: must be < the image side (8 px) for the random crop, got 100000")
+    with pytest.raises(ConfigError, match=r"data.crop_padding: must be < the image side \(16 px\)"):
+        load_config(QUICK, ["data.image_size=16", "data.crop_padding=16"])
+    assert load_config(QUICK, ["data.image_size=16", "data.crop_padding=15"]).data.crop_padding == 15
+    assert load_config(QUICK, ["data.crop_padding=100000", "data.augment=false"])  # no crop: padding unused
+
+
 def test_model_width_has_an_upper_bound(capsys):
     """model.width=100000000 was an allocator traceback building small_cnn (4096: OOM-killed on a
     23 GiB machine). small_cnn's and mlp's width stop at 1024 (small_cnn's last conv: 4096 channels)."""

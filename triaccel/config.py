@@ -42,6 +42,16 @@ def _check(cond: bool, key: str, msg: str) -> None:
         raise ConfigError(f"{key}: {msg}")
 
 
+def check_crop_padding(dc, side: int) -> Optional[str]:
+    """What is wrong with data.crop_padding for images of ``side`` px, or None. The random crop pads
+    every side by crop_padding and cuts a side x side window: from crop_padding = side on, a crop may hold
+    no image pixel at all, and the padded batch grows as (side + 2 * padding)^2
+    (data.crop_padding=100000 was an allocator traceback asking for 2.5 TB at the first batch)."""
+    if dc.augment and dc.crop_padding >= side:
+        return f"must be < the image side ({side} px) for the random crop, got {dc.crop_padding}"
+    return None
+
+
 # --------------------------------------------------------------------------- sections
 @dataclass
 class DataConfig:
@@ -329,6 +339,8 @@ class TrainConfig:
             least = 1 if self.model.resize else MIN_IMAGE_SIZE.get(self.model.name, 1)
             _check(dc.image_size >= least, "data.image_size",
                    f"{self.model.name} needs images of at least {least} px, got {dc.image_size}")
+            bad = check_crop_padding(dc, dc.image_size)
+            _check(bad is None, "data.crop_padding", bad or "")
 
 
 # --------------------------------------------------------------------------- conversion

@@ -28,9 +28,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from triaccel.config import DataConfig
+from triaccel.config import DataConfig, check_crop_padding
 from triaccel.kernels.reference import gather_augment_ref
-from triaccel.errors import DataError
+from triaccel.errors import ConfigError, DataError
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -288,6 +288,9 @@ def load_splits(cfg: DataConfig) -> Splits:
         _check_fits(len(train_full) + len(test), train_full.images.shape[1], cfg.image_size, as_float=True)
         train_full = ImageSet(_resize_u8(train_full.images, cfg.image_size), train_full.labels)
         test = ImageSet(_resize_u8(test.images, cfg.image_size), test.labels)
+    bad = check_crop_padding(cfg, min(train_full.images.shape[-2:]))  # the dataset's own side when image_size is unset
+    if bad:
+        raise ConfigError(f"data.crop_padding: {bad}")
     keep, held = stratified_split(train_full.labels, cfg.val_fraction, seed=cfg.split_seed)
     train, val = train_full.subset(keep), train_full.subset(held)
     # per-channel statistics from (at most) 10,000 training images: a float copy of all of CIFAR is 550 MB
