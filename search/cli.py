@@ -31,6 +31,9 @@ def cmd_export(args) -> int:
     p = export(args.name, args.out, args.pick, force=args.force, epochs=args.epochs)
     prov = yaml.safe_load(p.read_text())["provenance"]
     print(f"wrote {p} ({prov['why']}): train with `triaccel train --config {p}`")
+    if prov.get("deleted_runs_ignored"):
+        print(f"  {prov['deleted_runs_ignored']} run(s) of search '{args.name}' are deleted in MLflow and were not "
+              f"considered: restore them in the MLflow UI (or `mlflow gc` them for good) and export again to count them")
     if args.epochs is None:
         print(f"  it trains {prov['searched_epochs']} epochs, the search's budget: for production add "
               f"`--set epochs=N` (or export with --epochs N)")
@@ -39,11 +42,16 @@ def cmd_export(args) -> int:
         print(f"  the search found nothing better than static AMP {b['run']} in {b['search_gpu_s']:.0f} "
               f"device-seconds: train the baseline as exported")
     elif b:
+        from triaccel.search.results import trade_words
+
         pay = b["payback_epochs"]
+        made_of = f", {trade_words(b)}" if "epoch_time_ratio" in b else ""
         print(f"  {b['ratio']:.2f}x the efficiency of the static baseline {b['run']} "
-              f"(val acc {b['val_acc_diff_pp']:+.2f} pp); the search used {b['search_gpu_s']:.0f} device-seconds, "
+              f"(val acc {b['val_acc_diff_pp']:+.2f} pp{made_of}); the search used {b['search_gpu_s']:.0f} "
+              f"device-seconds, "
               + (f"repaid after {pay:.0f} epochs of production training" if pay is not None else
-                 "which faster epochs do not repay (the exported config is not faster per epoch)"))
+                 "which faster epochs do not repay: the gain is memory, not time (the exported config is "
+                 "not faster per epoch)"))
     return 0
 
 

@@ -46,6 +46,15 @@ def trial_table(c, exp_id: str, search: str, role: str = "trial", curves: bool =
     return rows
 
 
+def deleted_count(c, exp_id: str, search: str) -> int:
+    """Runs of the search deleted in MLflow (the UI's Delete): the rules never see them, so a
+    reader must say they are missing (deleting the best trial changed what export picked, silently)."""
+    from mlflow.entities import ViewType
+
+    return len(c.search_runs([exp_id], filter_string=f"tags.`{TAG_SEARCH}` = '{search}'",
+                             run_view_type=ViewType.DELETED_ONLY, max_results=10000))
+
+
 # --------------------------------------------------------------------------- the rules
 def is_complete(row: dict, epochs: int) -> bool:
     m = row["metrics"]
@@ -116,6 +125,7 @@ class Outcome:
     failed: list = field(default_factory=list)
     trials: int = 0
     runs: list = field(default_factory=list)  # every run read (trials, confirms, baselines): the search's cost
+    deleted: int = 0  # runs of the search deleted in MLflow: not read, not counted
 
     @property
     def feasible(self) -> list:
@@ -225,6 +235,22 @@ def payback(search_gpu_s: float, ref_epoch_s: float, tuned_epoch_s: float) -> di
     saved = ref_epoch_s - tuned_epoch_s
     return {"search_gpu_s": search_gpu_s, "saved_s_per_epoch": saved,
             "payback_epochs": search_gpu_s / saved if saved > 0 else None}
+
+
+def trade(measured: dict, ref: dict) -> dict:
+    """What the efficiency ratio is made of: the exported run's epoch time and peak memory as
+    multiples of the reference's. The score weighs them alike, so a config can win it while
+    being slower per epoch (checkpointing: H200, 1.30x the epoch time at 0.70x the memory): a
+    user who pays for time, not memory, must see that before exporting."""
+    return {"epoch_time_ratio": measured["epoch_time_last5_s"] / ref["epoch_time_last5_s"],
+            "peak_mem_ratio": measured["peak_mem_gib"] / ref["peak_mem_gib"]}
+
+
+def trade_words(t: dict) -> str:
+    """``trade`` in a few words: 'epochs 1.30x as long at 0.70x the peak memory'."""
+    time = (f"epochs {t['epoch_time_ratio']:.2f}x as long" if t["epoch_time_ratio"] > 1.005 else
+            f"epochs {t['epoch_time_ratio']:.2f}x the time" if t["epoch_time_ratio"] < 0.995 else "epochs as long")
+    return f"{time} at {t['peak_mem_ratio']:.2f}x the peak memory"
 
 
 def fmt(x: float | None, spec: str = ".2f", none: str = "-") -> str:

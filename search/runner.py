@@ -544,11 +544,13 @@ def _client(uri: str, write: bool = True):
 def read_outcome(name: str, space: SearchSpace, uri: str):
     """The search as the result rules see it (``triaccel.search.results``): the one reading
     every command shares."""
-    from triaccel.search.results import outcome, trial_table
+    from triaccel.search.results import deleted_count, outcome, trial_table
 
     c, exp = _client(uri)
-    return outcome(trial_table(c, exp, name), trial_table(c, exp, name, role="confirm"),
-                   trial_table(c, exp, name, role="baseline", curves=True), space.epochs, space.margin)
+    o = outcome(trial_table(c, exp, name), trial_table(c, exp, name, role="confirm"),
+                trial_table(c, exp, name, role="baseline", curves=True), space.epochs, space.margin)
+    o.deleted = deleted_count(c, exp, name)
+    return o
 
 
 def parent_run(name: str, space: SearchSpace, uri: str, shared: int | None = None) -> str:
@@ -743,7 +745,7 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
     scored (its budget, often short) unless ``epochs`` sets the production length: the lr
     schedule stretches to it, warm-up epochs stay as searched."""
     from triaccel.config import TrainConfig, from_dict, to_dict
-    from triaccel.search.results import gpu_seconds, payback, pick
+    from triaccel.search.results import gpu_seconds, payback, pick, trade
     from triaccel.tracking import git_revision
 
     if epochs is not None and not 1 <= epochs <= MAX_EXPORT_EPOCHS:
@@ -766,6 +768,10 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
     cfg = from_dict(TrainConfig, train)  # what `triaccel train --config` will accept
     searched_epochs = cfg.epochs
     if epochs is not None:
+        if epochs < cfg.optim.warmup_epochs:  # named by the flag the user typed, not by a key they never set
+            raise ConfigError(f"--epochs {epochs}: below the exported config's optim.warmup_epochs "
+                              f"({cfg.optim.warmup_epochs:g}): the lr would still be rising when training ends; "
+                              f"export with --epochs {math.ceil(cfg.optim.warmup_epochs)} or more")
         cfg = dataclasses.replace(cfg, epochs=epochs)
     data = to_dict(cfg)
     keep = ("efficiency", "val_acc", "epoch_time_last5_s", "peak_mem_gib", "shared_trials")
@@ -775,7 +781,7 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
         "confirmed_alone": chosen.kind == "baseline" or any(x.row["run_id"] == row["run_id"] and x.confirmed
                                                              for x in o.ranked),
         "metrics": {k: float(v) for k, v in measured.items() if k in keep},
-        "searched": row["values"], "searched_epochs": searched_epochs,
+        "searched": row["values"], "searched_epochs": searched_epochs, "deleted_runs_ignored": o.deleted,
         "space_file": state["source"], "space_sha256": state["sha256"],
         "exported_at": datetime.datetime.now().isoformat(timespec="seconds"), "git_revision": git_revision()}
     if o.reference is not None:
@@ -785,7 +791,7 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
             "metrics": {k: float(v) for k, v in ref.items() if k in keep},
             "ratio": measured["efficiency"] / ref["efficiency"],
             "val_acc_diff_pp": measured["val_acc"] - ref["val_acc"], "accuracy_margin_pp": space.margin,
-            **payback(gpu_seconds(o.runs), ref["epoch_time_last5_s"], measured["epoch_time_last5_s"])}
+            **trade(measured, ref), **payback(gpu_seconds(o.runs), ref["epoch_time_last5_s"], measured["epoch_time_last5_s"])}
     data["provenance"] = prov
     length = (f"# Scored over the search's {searched_epochs} epochs; set to {cfg.epochs} for production (--epochs).\n"
               if epochs is not None else

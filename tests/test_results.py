@@ -96,3 +96,13 @@ def test_summary_cells_show_categorical_choices_as_they_are():
     from triaccel.search.runner import _cell
 
     assert _cell(0.123456) == "0.123" and _cell("none") == "none" and _cell(96) == "96" and _cell(None) == "None"
+
+
+def test_the_ratio_says_what_it_is_made_of():
+    """A config can win the score by memory while being slower: the export says which."""
+    ref = {"epoch_time_last5_s": 1.21, "peak_mem_gib": 0.413}
+    t = R.trade({"epoch_time_last5_s": 1.58, "peak_mem_gib": 0.290}, ref)
+    assert t["epoch_time_ratio"] == pytest.approx(1.58 / 1.21) and t["peak_mem_ratio"] == pytest.approx(0.290 / 0.413)
+    assert R.trade_words(t) == "epochs 1.31x as long at 0.70x the peak memory"
+    assert R.trade_words(R.trade({"epoch_time_last5_s": 0.6, "peak_mem_gib": 0.413}, ref)).startswith("epochs 0.50x the time")
+    assert R.trade_words(R.trade(dict(ref), ref)) == "epochs as long at 1.00x the peak memory"

@@ -180,6 +180,26 @@ def test_export_trains_as_is_and_reproduces_validation_accuracy(searched):
     assert abs(val - prov["metrics"]["val_acc"]) <= 3.0, (val, prov["metrics"]["val_acc"])
 
 
+def test_a_run_deleted_in_the_ui_is_named_by_export_not_silently_skipped(searched):
+    """Deleting the exported run in the MLflow UI changed export's pick without a word; export
+    now says how many of the search's runs it could not see. The run is restored afterwards."""
+    d, _ = searched
+    r = cli("export", "t1", "--out", "before.yaml", "--force", cwd=d)
+    assert r.returncode == 0, r.stderr
+    first = yaml.safe_load((d / "before.yaml").read_text())["provenance"]
+    assert first["deleted_runs_ignored"] == 0 and "deleted in MLflow" not in r.stdout
+    c = mlflow_client(d)
+    c.delete_run(first["mlflow_run_id"])
+    try:
+        r = cli("export", "t1", "--out", "after.yaml", "--force", cwd=d)
+        assert r.returncode == 0, r.stderr
+        after = yaml.safe_load((d / "after.yaml").read_text())["provenance"]
+        assert after["deleted_runs_ignored"] == 1 and after["mlflow_run_id"] != first["mlflow_run_id"]
+        assert "1 run(s) of search 't1' are deleted in MLflow" in r.stdout
+    finally:
+        c.restore_run(first["mlflow_run_id"])
+
+
 def test_listing_and_name_collision_lose_nothing(searched):
     d, _ = searched
     r = cli("searches", cwd=d)
@@ -328,6 +348,11 @@ def test_confirm_reruns_the_best_alone_and_export_prefers_it(searched):
         assert prov["mlflow_run_id"] == confirms[0].data.tags["triaccel.confirms"]
     assert prov["baseline"]["ratio"] == pytest.approx(prov["metrics"]["efficiency"]
                                                       / prov["baseline"]["metrics"]["efficiency"])
+    # what the ratio is made of: the exported run's time and memory against the reference's
+    assert prov["baseline"]["peak_mem_ratio"] == pytest.approx(prov["metrics"]["peak_mem_gib"]
+                                                               / prov["baseline"]["metrics"]["peak_mem_gib"])
+    if prov["exported"] == "trial":
+        assert "the peak memory" in r.stdout
 
 
 def _free_port():
