@@ -172,21 +172,29 @@ def test_a_batch_change_drops_the_graphs_and_releases_their_pool():
 
 # ---- cublas_workspace_mib: cuBLAS's per-stream workspaces were 130 MiB of a captured ResNet-18
 # step's 0.52 GiB peak on the H200 (bench/results/h200_mem_breakdown.json)
-def test_cublas_workspace_is_set_for_a_run_and_put_back_for_a_null_one(monkeypatch):
+def test_cublas_workspace_is_set_while_the_block_runs_and_put_back_after(monkeypatch):
     import os
 
-    import triaccel.trainer as tr
+    from triaccel.trainer import cublas_workspace
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    monkeypatch.setattr(tr, "_CUBLAS_ENV_AT_START", ":16:8")  # what the user's environment said at start
-    assert tr.set_cublas_workspace(4) is True
-    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:1"
-    assert tr.set_cublas_workspace(4) is False  # unchanged: the workspaces torch made are kept
-    assert tr.set_cublas_workspace(0) is True and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":0:1"
-    assert tr.set_cublas_workspace(None) is True
-    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"  # null: the user's own setting again
-    monkeypatch.setattr(tr, "_CUBLAS_ENV_AT_START", None)
-    assert tr.set_cublas_workspace(None) is True and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    with cublas_workspace(4) as sized:
+        assert sized and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:1"
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ  # a later run (a Ray worker started after) sees none
+    with pytest.raises(RuntimeError):
+        with cublas_workspace(0):
+            assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":0:1"
+            raise RuntimeError("a failed run")
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    with cublas_workspace(None) as sized:
+        assert not sized and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    # the user's own setting wins (deterministic cuBLAS needs :4096:8 or :16:8), and the run says so
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    lines = []
+    with cublas_workspace(4, log=lines.append) as sized:
+        assert not sized and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    assert len(lines) == 1 and "cublas_workspace_mib: 4 not applied" in lines[0] and ":16:8" in lines[0]
 
 
 @pytest.mark.parametrize("bad", [-1, 4097, 2.5, "4MiB"])
@@ -196,11 +204,15 @@ def test_cublas_workspace_mib_out_of_range_names_the_key(bad):
 
 
 @cuda
-def test_cublas_workspace_mib_sizes_the_workspace_a_matmul_allocates():
-    """On the GPU: the first matmul on a stream allocates the workspace; with 4 MiB it is
-    smaller than torch's default (H200: 9 against 65 MiB), and a null run gets the default back."""
-    from triaccel.trainer import set_cublas_workspace
+def test_cublas_workspace_mib_sizes_the_workspace_a_matmul_allocates(monkeypatch):
+    """On the GPU: the first matmul on a stream allocates the workspace; inside a 4 MiB block it
+    is smaller than torch's default after it (H200: 9 against 65 MiB). A run applies it while it
+    trains, releases its graphs and puts the environment back."""
+    import os
 
+    from triaccel.trainer import Callback, cublas_workspace
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     a = torch.randn(64, 64, device="cuda")
 
     def workspace_bytes():
@@ -210,16 +222,21 @@ def test_cublas_workspace_mib_sizes_the_workspace_a_matmul_allocates():
         torch.cuda.synchronize()
         return torch.cuda.memory_allocated() - before - c.numel() * c.element_size()
 
-    try:
-        set_cublas_workspace(4)
+    with cublas_workspace(4):
         small = workspace_bytes()
-        set_cublas_workspace(None)
-        default = workspace_bytes()
-        assert 0 < small <= 2 * 4 * 2**20 + 2 * 2**20 < default
-        t = Trainer(small_cfg(device="cuda", mode="amp", amp_dtype="bf16", cublas_workspace_mib=4, epochs=1)).setup()
-        import os
+    default = workspace_bytes()  # the block's end dropped its workspaces: a new one, torch's size
+    assert 0 < small <= 2 * 4 * 2**20 + 2 * 2**20 < default
 
-        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:1"
-        t.fit()
-    finally:
-        set_cublas_workspace(None)
+    class Seen(Callback):
+        def __init__(self):
+            self.env = []
+
+        def on_epoch_end(self, trainer, metrics):
+            self.env.append(os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+
+    seen = Seen()
+    t = Trainer(small_cfg(device="cuda", mode="amp", amp_dtype="bf16", cublas_workspace_mib=4, epochs=2,
+                          capture="true"), callbacks=[seen]).setup()
+    t.fit()
+    assert seen.env == [":4096:1", ":4096:1"] and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    assert t.graphs.captures > 0 and not t.graphs.graphs  # recorded while training, released at its end

@@ -99,6 +99,16 @@ class StepGraphs:
         self.eager += 1
         return body(x, y, n)
 
+    def release(self) -> None:
+        """Drop every graph at the end of a run (not counted as a reset): nothing may replay them
+        once the run's cuBLAS workspaces are gone. Counters stay for the run's report."""
+        self.graphs.clear()
+        self.seen.clear()
+        self.shapes.clear()
+        self.extra_bytes = 0
+        if self.meter is not None:
+            self.meter.extra_bytes = 0
+
     def reset(self) -> None:
         """Drop every graph and release the pool: the shapes (or algorithms) recorded so far will
         not come back. The next occurrences of a shape run eager once, then record again."""

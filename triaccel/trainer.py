@@ -29,7 +29,7 @@ import math
 import os
 import random
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -144,25 +144,36 @@ def _check_triton_device(cfg: TrainConfig, device: torch.device) -> None:
 
 
 _CUBLAS_ENV = "CUBLAS_WORKSPACE_CONFIG"
-_CUBLAS_ENV_AT_START = os.environ.get(_CUBLAS_ENV)  # what the user's environment said, restored for null
 
 
-def set_cublas_workspace(mib: int | None) -> bool:
-    """Size cuBLAS's per-(handle, stream) workspaces for the runs that follow in this process:
-    ``mib`` MiB, or (None) what the environment said when the process started. torch reads
-    CUBLAS_WORKSPACE_CONFIG each time it allocates a workspace and keeps the ones it made, so a
-    change drops them (no graph of an earlier run may replay after this). True if it changed."""
-    want = _CUBLAS_ENV_AT_START if mib is None else f":{int(mib) * 1024}:1"
-    if os.environ.get(_CUBLAS_ENV) == want:
-        return False
-    if want is None:
-        del os.environ[_CUBLAS_ENV]
-    else:
-        os.environ[_CUBLAS_ENV] = want
+def _drop_cublas_workspaces() -> None:
     if torch.cuda.is_initialized():
         torch.cuda.synchronize()
         torch._C._cuda_clearCublasWorkspaces()
-    return True
+
+
+@contextmanager
+def cublas_workspace(mib: int | None, log=print):
+    """cuBLAS's per-(handle, stream) workspaces sized ``mib`` MiB inside the block, as they were
+    after it. torch reads CUBLAS_WORKSPACE_CONFIG whenever it makes a workspace and keeps the
+    ones it made, so both edges drop them: the caller must not replay a CUDA graph recorded
+    inside the block after it (Trainer.fit releases its graphs first). A CUBLAS_WORKSPACE_CONFIG
+    the user set wins (``torch.use_deterministic_algorithms`` needs :4096:8 or :16:8), with a line."""
+    prev = os.environ.get(_CUBLAS_ENV)
+    if mib is None:
+        yield False
+        return
+    if prev is not None:
+        log(f"cublas_workspace_mib: {mib} not applied: CUBLAS_WORKSPACE_CONFIG={prev} is set in the environment")
+        yield False
+        return
+    os.environ[_CUBLAS_ENV] = f":{int(mib) * 1024}:1"
+    _drop_cublas_workspaces()
+    try:
+        yield True
+    finally:
+        del os.environ[_CUBLAS_ENV]
+        _drop_cublas_workspaces()
 
 
 def cudnn_benchmark_for(cfg: TrainConfig) -> bool:
@@ -225,9 +236,6 @@ class Trainer:
             torch.backends.cudnn.benchmark = cudnn_benchmark_for(cfg)
             if cfg.memory_limit_fraction:
                 torch.cuda.set_per_process_memory_fraction(cfg.memory_limit_fraction, self.device)
-            if set_cublas_workspace(cfg.cublas_workspace_mib):
-                self.log(f"cuBLAS workspace: {cfg.cublas_workspace_mib} MiB per stream (cublas_workspace_mib)"
-                         if cfg.cublas_workspace_mib is not None else "cuBLAS workspace: torch's default")
 
         # ---- data: held-out validation split; test touched only by the final evaluation
         self.splits = load_splits(cfg.data)
@@ -267,7 +275,7 @@ class Trainer:
         self.lr_scales = (1.0,) * len(groups)  # per-group multipliers (curvature controller)
         self.batch_lr_factor = 1.0  # memory-elastic batch (paper mode) lr rule
         n_train = len(self.train_data)
-        self.schedule = WarmupCosine(cfg.epochs * n_train, int(cfg.optim.warmup_epochs * n_train))
+        self.schedule = WarmupCosine(cfg.epochs * n_train, int(cfg.warmup_epochs() * n_train))
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self._may_use_fp16())
 
         # ---- knobs the control loop turns
@@ -359,12 +367,16 @@ class Trainer:
 
     # ================================================================== fit
     def fit(self) -> dict:
-        while self.epoch < self.cfg.epochs and not self.stop:
-            metrics = self.train_epoch()
-            self.history.epochs.append(metrics)
-            self.epoch += 1
-            for cb in self.callbacks:
-                self.apply(cb.on_epoch_end(self, metrics))
+        with cublas_workspace(self.cfg.cublas_workspace_mib if self.device.type == "cuda" else None,
+                              log=self.log) as sized:
+            while self.epoch < self.cfg.epochs and not self.stop:
+                metrics = self.train_epoch()
+                self.history.epochs.append(metrics)
+                self.epoch += 1
+                for cb in self.callbacks:
+                    self.apply(cb.on_epoch_end(self, metrics))
+            if sized and self.graphs is not None:
+                self.graphs.release()  # their cuBLAS workspaces go when the block ends: never replay them
         summary = self.summary()
         if self.cfg.evaluate_test:
             summary["test_acc"], summary["test_loss"] = self.evaluate(self.test_data)
