@@ -113,6 +113,23 @@ def test_checkpointed_recomputation_does_not_update_batchnorm_statistics_twice(m
     assert plain.training and ckpt.training
 
 
+def test_checkpointed_backward_of_a_frozen_batchnorm_model_leaves_its_counters_alone():
+    """In eval mode (frozen BatchNorm, as when fine-tuning) BatchNorm updates nothing in the
+    forward; the recomputation must not wind its counters back either (they went to -3 in three
+    steps, and a momentum=None norm then divided by zero)."""
+    torch.manual_seed(5)
+    m = build_model(ModelConfig(name="small_cnn", width=8), 10, 1, 8)
+    enable_checkpointing(m)
+    m.eval()
+    before = copy.deepcopy(m.state_dict())
+    for _ in range(3):
+        m(torch.randn(6, 1, 8, 8)).square().mean().backward()
+    after = m.state_dict()
+    for k, v in before.items():
+        if "running" in k or "num_batches" in k:
+            assert torch.equal(v, after[k]), k
+
+
 def test_oom_recovery_loses_no_sample():
     """A memory budget that a micro-batch above 24 would exceed: every example still trains once."""
     cfg = small_cfg(**{"batch_size": 100, "epochs": 1})

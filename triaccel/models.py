@@ -165,17 +165,21 @@ def enable_checkpointing(model: nn.Module) -> int:
                     if calls[0] == 1 or not _norms:
                         return _f(x)
                     # the recomputation in backward: the same ops (checkpoint compares what they save),
-                    # with an update factor of 0 (running = 1 * running + 0 * batch) and the counter put back
+                    # with an update factor of 0 (running = 1 * running + 0 * batch) for the norms that
+                    # update (training mode) and their counters put back as they were, whatever ran
                     moms = [m.momentum for m in _norms]
+                    counts = [m.num_batches_tracked.clone() if m.num_batches_tracked is not None else None
+                              for m in _norms]
                     for m in _norms:
-                        m.momentum = 0.0
+                        if m.training:
+                            m.momentum = 0.0
                     try:
                         return _f(x)
                     finally:
-                        for m, mom in zip(_norms, moms):
+                        for m, mom, n in zip(_norms, moms, counts):
                             m.momentum = mom
-                            if m.num_batches_tracked is not None:
-                                m.num_batches_tracked.sub_(1)
+                            if n is not None:
+                                m.num_batches_tracked.copy_(n)
 
                 return checkpoint(run, x, use_reentrant=False, preserve_rng_state=_rng)
             return _f(x)
