@@ -768,10 +768,11 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
     cfg = from_dict(TrainConfig, train)  # what `triaccel train --config` will accept
     searched_epochs = cfg.epochs
     if epochs is not None:
-        if epochs < cfg.optim.warmup_epochs:  # named by the flag the user typed, not by a key they never set
+        w = cfg.optim.warmup_epochs
+        if w is not None and epochs < w:  # named by the flag the user typed, not by a key they never set
             raise ConfigError(f"--epochs {epochs}: below the exported config's optim.warmup_epochs "
-                              f"({cfg.optim.warmup_epochs:g}): the lr would still be rising when training ends; "
-                              f"export with --epochs {math.ceil(cfg.optim.warmup_epochs)} or more")
+                              f"({w:g}): the lr would still be rising when training ends; "
+                              f"export with --epochs {math.ceil(w)} or more")
         cfg = dataclasses.replace(cfg, epochs=epochs)
     data = to_dict(cfg)
     keep = ("efficiency", "val_acc", "epoch_time_last5_s", "peak_mem_gib", "shared_trials")

@@ -187,8 +187,8 @@ def test_warmup_longer_than_the_run_is_refused(tmp_path, capsys):
               "optim.warmup_epochs: must be <= epochs (1), got 5.0")
     assert load_config(QUICK, ["epochs=1"]).optim.warmup_epochs == 1.0
     # unset: 5 epochs, or the whole run when shorter (an exported 2-epoch config must load again)
-    assert load_config(None, ["epochs=2"]).optim.warmup_epochs == 2.0
-    assert load_config(None, ["epochs=8"]).optim.warmup_epochs == 5.0
+    assert load_config(None, ["epochs=2"]).warmup_epochs() == 2.0
+    assert load_config(None, ["epochs=8"]).warmup_epochs() == 5.0
     s = tmp_path / "s.yaml"
     s.write_text((ROOT / "spaces" / "quickstart.yaml").read_text().replace("warmup_epochs: 1}", "warmup_epochs: 6}"))
     _one_line(capsys, ["search", "--space", str(s)], "s.yaml: train.optim.warmup_epochs: must be <= epochs (4)")

@@ -62,3 +62,16 @@ def test_binary_and_empty_files_are_refused_naming_the_file(tmp_path):
             load_config(p, ["epochs=1"])
     p.write_text("{}\n")  # an explicit empty mapping is a choice: all defaults
     assert load_config(p) == TrainConfig()
+
+
+def test_unset_warmup_is_resolved_from_the_run_length_and_stays_unset_in_the_config():
+    """An exported short search keeps `warmup_epochs: null`, so `--set epochs=N` on it gets the
+    default for N epochs (5), not the short search's resolved value, and a shorter run still loads."""
+    from triaccel.config import to_dict
+
+    short = from_dict(TrainConfig, {"epochs": 4})
+    assert short.warmup_epochs() == 4.0 and to_dict(short)["optim"]["warmup_epochs"] is None
+    again = from_dict(TrainConfig, {**to_dict(short), "epochs": 12})
+    assert again.warmup_epochs() == 5.0
+    assert from_dict(TrainConfig, {**to_dict(short), "epochs": 2}).warmup_epochs() == 2.0
+    assert from_dict(TrainConfig, {"epochs": 12, "optim": {"warmup_epochs": 1.5}}).warmup_epochs() == 1.5

@@ -300,9 +300,10 @@ class TrainConfig:
     eval_batch_size: int = 1024
     evaluate_test: bool = True  # final test-set evaluation (never used for selection)
     memory_limit_fraction: Optional[float] = None  # torch.cuda.set_per_process_memory_fraction
-    # cuBLAS's workspace per (handle, stream), in MiB (CUBLAS_WORKSPACE_CONFIG, set for this run and
-    # restored after). null: torch's default, 32 MiB on Hopper, paid twice per stream (cuBLAS and
-    # cuBLASLt) and again on the capture stream: 130 MiB of a captured ResNet-18 step's 0.52 GiB peak
+    # cuBLAS's workspace per (handle, stream), in MiB (CUBLAS_WORKSPACE_CONFIG, set while the run
+    # trains and restored after; one the user set in the environment wins, with a log line).
+    # null: torch's default, 32 MiB on Hopper, paid twice per stream (cuBLAS and cuBLASLt) and
+    # again on the capture stream: 130 MiB of a captured ResNet-18 step's 0.52 GiB peak
     # at B=96 on the H200, for a model whose only matmul is its 512x10 classifier. 4 there: peak 0.41
     # GiB, same step time, efficiency 114 -> 142 (bench/results/h200_mem_breakdown*.json). Models with
     # large matmuls (transformers) may want torch's default: measure before lowering it.
@@ -329,9 +330,7 @@ class TrainConfig:
         _check(re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None,
                "device", f"must be auto, cpu or cuda[:N], got {self.device!r}")
         _check(0 <= self.seed < 2**32, "seed", f"must be in [0, 2**32), got {self.seed}")
-        if self.optim.warmup_epochs is None:
-            self.optim.warmup_epochs = min(DEFAULT_WARMUP_EPOCHS, float(self.epochs))
-        _check(self.optim.warmup_epochs <= self.epochs, "optim.warmup_epochs",
+        _check(self.optim.warmup_epochs is None or self.optim.warmup_epochs <= self.epochs, "optim.warmup_epochs",
                f"must be <= epochs ({self.epochs}), got {self.optim.warmup_epochs}: the lr would still be "
                f"rising to optim.lr when the run ends")
         dc = self.data
@@ -341,6 +340,12 @@ class TrainConfig:
                    f"{self.model.name} needs images of at least {least} px, got {dc.image_size}")
             bad = check_crop_padding(dc, dc.image_size)
             _check(bad is None, "data.crop_padding", bad or "")
+
+    def warmup_epochs(self) -> float:
+        """optim.warmup_epochs, or (unset) 5 epochs or the whole run when it is shorter. Resolved
+        here, not stored: an exported config keeps `null`, so `--set epochs=N` resolves it again."""
+        w = self.optim.warmup_epochs
+        return min(DEFAULT_WARMUP_EPOCHS, float(self.epochs)) if w is None else w
 
 
 # --------------------------------------------------------------------------- conversion
