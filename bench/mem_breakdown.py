@@ -7,9 +7,10 @@ the difference was the graphs' pool).
 For each ``--batches`` B: the shipped static config (``configs/cifar10_jpeg_resnet18.yaml``),
 ``--dtype`` AMP, captured, ``--epochs`` epochs (after one untimed warm-up run): the run's
 figures (efficiency, epoch time, peak, the pool the meter adds) and then the allocator's live
-blocks grouped by pool and by the code that allocated them (the allocator's history records
-each block's stack), the largest first. Run it again with ``CUBLAS_WORKSPACE_CONFIG`` set to
-see what cuBLAS's per-stream workspaces weigh (``env.cublas_workspace_config`` says which).
+blocks at the last epoch's end, grouped by pool and by the code that allocated them (the
+allocator's history records each block's stack), the largest first. ``--cublas-workspace-mib 4``
+sets the run's ``cublas_workspace_mib`` (the committed results before it existed were made with
+``CUBLAS_WORKSPACE_CONFIG=:4096:1`` in the environment, which is the same size).
 """
 from __future__ import annotations
 
@@ -64,16 +65,28 @@ def live_blocks(graph_pool) -> dict:
     return {"pools": dict(by_pool), "live_by_site": top}
 
 
-def run(base: dict, batch: int, dtype: str, epochs: int, checkpointing: bool = False) -> dict:
+def run(base: dict, batch: int, dtype: str, epochs: int, checkpointing: bool = False,
+        workspace_mib: int | None = None) -> dict:
     from triaccel.config import TrainConfig, from_dict
     from triaccel.control import build_trainer
+    from triaccel.trainer import Callback
 
     d = copy.deepcopy(base)
     d.update(mode="amp", amp_dtype=dtype, batch_size=batch, capture=True, epochs=epochs, seed=0, evaluate_test=False,
-             checkpointing=checkpointing)
+             checkpointing=checkpointing, cublas_workspace_mib=workspace_mib)
     d["tracking"] = {"enabled": False}
+
+    class Snapshot(Callback):  # the live blocks at the last epoch's end, while the run's graphs and workspaces live
+        blocks: dict = {}
+
+        def on_epoch_end(self, trainer, metrics):
+            if trainer.epoch == trainer.cfg.epochs:
+                self.blocks = live_blocks(trainer.graphs.pool if trainer.graphs is not None else None)
+                self.blocks["cublas_workspace_config"] = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+
+    snap = Snapshot()
     torch.cuda.memory._record_memory_history(max_entries=200000)
-    t = build_trainer(from_dict(TrainConfig, d), log=lambda *a: None)
+    t = build_trainer(from_dict(TrainConfig, d), callbacks=[snap], log=lambda *a: None)
     s = t.fit()
     out = {k: s[k] for k in ("val_acc", "epoch_time_last5_s", "peak_mem_gib", "efficiency")}
     last = t.history.epochs[-1]
@@ -81,7 +94,7 @@ def run(base: dict, batch: int, dtype: str, epochs: int, checkpointing: bool = F
                peak_alloc_raw_gib=last.get("peak_alloc_raw_gib"), captures=t.graphs.captures if t.graphs else None,
                allocated_now_mib=torch.cuda.memory_allocated() / MiB,
                params_mib=sum(p.numel() * p.element_size() for p in t.model.parameters()) / MiB)
-    out.update(live_blocks(t.graphs.pool if t.graphs is not None else None))
+    out.update(snap.blocks)
     torch.cuda.memory._record_memory_history(enabled=None)
     del t
     gc.collect()
@@ -97,15 +110,18 @@ def main():
     ap.add_argument("--dtype", default="fp16")
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block")
+    ap.add_argument("--cublas-workspace-mib", type=int, default=None,
+                    help="the run's cublas_workspace_mib (default: torch's workspace, whatever the shipped config says)")
     args = ap.parse_args()
     base = yaml.safe_load((ROOT / "configs" / "cifar10_jpeg_resnet18.yaml").read_text())
     base["data"]["data_dir"] = args.data_dir
     base.setdefault("optim", {})["warmup_epochs"] = 1
     warm_run({**base, "mode": "amp", "amp_dtype": args.dtype, "batch_size": 96, "capture": True, "tracking": {"enabled": False}}, 1)
     res = {"what": __doc__.split("\n\n")[0], "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+           "cublas_workspace_mib": args.cublas_workspace_mib,
            "dtype": args.dtype, "epochs": args.epochs, "checkpointing": args.checkpointing, "runs": {}}
     for b in [int(x) for x in args.batches.split(",")]:
-        r = run(base, b, args.dtype, args.epochs, args.checkpointing)
+        r = run(base, b, args.dtype, args.epochs, args.checkpointing, args.cublas_workspace_mib)
         res["runs"][str(b)] = r
         print(f"B={b}: eff {r['efficiency']:.1f} val {r['val_acc']:.2f} epoch {r['epoch_time_last5_s']:.3f}s "
               f"peak {r['peak_mem_gib']:.3f} GiB pool(extra) {r['graph_pool_gib']} pools {r['pools']}", flush=True)

@@ -50,8 +50,8 @@ def cmd_export(args) -> int:
               f"(val acc {b['val_acc_diff_pp']:+.2f} pp{made_of}); the search used {b['search_gpu_s']:.0f} "
               f"device-seconds, "
               + (f"repaid after {pay:.0f} epochs of production training" if pay is not None else
-                 "which faster epochs do not repay: the gain is memory, not time (the exported config is "
-                 "not faster per epoch)"))
+                 "which faster epochs do not repay (the exported config is not faster per epoch"
+                 + ("; its gain is memory)" if b["ratio"] > 1 and b.get("peak_mem_ratio", 1) < 1 else ")")))
     return 0
 
 

@@ -32,14 +32,6 @@ def test_phase_times_fit_in_the_step(report):
         assert all(ph[p]["median_ms"] > 0 for p in ("forward", "backward", "optimizer"))
 
 
-def test_input_share_is_derived_from_the_two_step_times(report):
-    # which step is faster is a timing, not a test (it failed under load on the GPU machine with
-    # other suites beside it, 2026-12-01): the report must only be consistent with its own figures
-    for name, v in report["variants"].items():
-        assert v["step_repeated_ms"] > 0 and v["step_real_ms"] > 0, name
-        assert v["input_share"] == pytest.approx(1 - v["step_repeated_ms"] / v["step_real_ms"]), name
-
-
 def test_checkpointing_lowers_the_saved_activation_peak(report):
     # CPU accounting counts what autograd saves: recomputed blocks save only their boundaries
     fwd = lambda n: report["variants"][n]["phases"]["forward"]["peak_gib"]  # noqa: E731
