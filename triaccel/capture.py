@@ -114,17 +114,12 @@ class StepGraphs:
         not come back. The next occurrences of a shape run eager once, then record again."""
         if not self.graphs and not self.seen:
             return
-        self.graphs.clear()
-        self.seen.clear()
-        self.shapes.clear()
+        self.release()
         self.resets += 1
         if self.disabled is None:
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()  # the old pool's blocks go back to the device
             self.pool = torch.cuda.graph_pool_handle()
-        self.extra_bytes = 0
-        if self.meter is not None:
-            self.meter.extra_bytes = 0
 
     def _warmup_for(self, key) -> int:
         """Eager occurrences before recording: cuDNN's autotuner runs kernels when it meets a new

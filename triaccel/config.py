@@ -52,6 +52,12 @@ def check_crop_padding(dc, side: int) -> Optional[str]:
     return None
 
 
+def check_image_size(mc, side: int) -> Optional[str]:
+    """What is wrong with images of ``side`` px for model ``mc``, or None (model.resize takes any)."""
+    least = 1 if mc.resize else MIN_IMAGE_SIZE.get(mc.name, 1)
+    return None if side >= least else f"{mc.name} needs images of at least {least} px, got {side}"
+
+
 # --------------------------------------------------------------------------- sections
 @dataclass
 class DataConfig:
@@ -335,9 +341,8 @@ class TrainConfig:
                f"rising to optim.lr when the run ends")
         dc = self.data
         if dc.image_size is not None:
-            least = 1 if self.model.resize else MIN_IMAGE_SIZE.get(self.model.name, 1)
-            _check(dc.image_size >= least, "data.image_size",
-                   f"{self.model.name} needs images of at least {least} px, got {dc.image_size}")
+            bad = check_image_size(self.model, dc.image_size)
+            _check(bad is None, "data.image_size", bad or "")
             bad = check_crop_padding(dc, dc.image_size)
             _check(bad is None, "data.crop_padding", bad or "")
 

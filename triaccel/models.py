@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from triaccel.config import MIN_IMAGE_SIZE
+from triaccel.config import check_image_size
 from triaccel.errors import ConfigError
 
 
@@ -127,9 +127,10 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
 def build_model(cfg, num_classes: int, in_channels: int, image_size: int = 32) -> nn.Module:
     if cfg.name not in MODELS:
         raise ConfigError(f"model.name: unknown model {cfg.name!r} (valid: {', '.join(sorted(MODELS))})")
-    least = 1 if getattr(cfg, "resize", None) else MIN_IMAGE_SIZE.get(cfg.name, 1)
-    if image_size < least:  # the dataset's own side (data.image_size unset): checked with the config otherwise
-        raise ConfigError(f"data.image_size: {cfg.name} needs images of at least {least} px, got {image_size}")
+    # the dataset's own side (data.image_size unset); a set data.image_size was checked with the config
+    bad = check_image_size(cfg, image_size)
+    if bad:
+        raise ConfigError(f"data.image_size: {bad}")
     return MODELS[cfg.name](num_classes, in_channels, image_size, cfg)
 
 

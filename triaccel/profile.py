@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from triaccel.config import TrainConfig, to_dict
 from triaccel.measure import GiB, bench, sync
-from triaccel.trainer import Trainer, cublas_workspace
+from triaccel.trainer import Trainer
 
 CAVEATS = [
     "real vs repeated: a large gap implicates the input path (gather, augmentation, transfers) but does not say "
@@ -124,11 +124,8 @@ def _phases(t: Trainer, x, y, repeats: int) -> dict:
 def profile_variant(cfg: TrainConfig, steps: int, warmup: int, trace_path: Path | None) -> dict:
     """One variant's figures, with the run's cuBLAS workspace as ``fit`` would size it."""
     t = _trainer(cfg)
-    with cublas_workspace(cfg.cublas_workspace_mib if t.device.type == "cuda" else None, log=t.log):
-        res = _profile_trainer(t, cfg, steps, warmup, trace_path)
-        if t.graphs is not None:
-            t.graphs.release()  # recorded on this block's workspaces: never replayed after it
-    return res
+    with t.cublas_scope():
+        return _profile_trainer(t, cfg, steps, warmup, trace_path)
 
 
 def _profile_trainer(t: Trainer, cfg: TrainConfig, steps: int, warmup: int, trace_path: Path | None) -> dict:

@@ -366,17 +366,26 @@ class Trainer:
         return nullcontext()
 
     # ================================================================== fit
-    def fit(self) -> dict:
+    @contextmanager
+    def cublas_scope(self):
+        """Training steps inside run on the config's cuBLAS workspace (``cublas_workspace``);
+        the graphs recorded on it are released when it ends, so none replays on freed workspaces."""
         with cublas_workspace(self.cfg.cublas_workspace_mib if self.device.type == "cuda" else None,
                               log=self.log) as sized:
+            try:
+                yield
+            finally:
+                if sized and self.graphs is not None:
+                    self.graphs.release()
+
+    def fit(self) -> dict:
+        with self.cublas_scope():
             while self.epoch < self.cfg.epochs and not self.stop:
                 metrics = self.train_epoch()
                 self.history.epochs.append(metrics)
                 self.epoch += 1
                 for cb in self.callbacks:
                     self.apply(cb.on_epoch_end(self, metrics))
-            if sized and self.graphs is not None:
-                self.graphs.release()  # their cuBLAS workspaces go when the block ends: never replay them
         summary = self.summary()
         if self.cfg.evaluate_test:
             summary["test_acc"], summary["test_loss"] = self.evaluate(self.test_data)
