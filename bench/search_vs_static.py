@@ -5,13 +5,15 @@ would have run anyway? (issue 12)
 
 1. The default search of ``spaces/cifar10_jpeg_resnet18.yaml`` as shipped (16 trials, four
    sharing the GPU, its own static baselines, the top 3 confirmed alone) -> ``triaccel export``.
-2. The exported config trained alone for ``--epochs`` epochs, and static AMP (the shipped
-   ``configs/cifar10_jpeg_resnet18.yaml``, warm-up 2 epochs) at each ``--static`` dtype:batch,
-   alone, same epochs, over ``--seeds`` (``--static-once`` runs take the first seed only).
+2. The exported config trained alone for ``--epochs`` epochs, and static AMP (the space's own
+   ``train`` settings in ``amp`` mode, without checkpointing; warm-up 2 epochs) at each
+   ``--static`` dtype:batch, alone, same epochs, over ``--seeds`` (``--static-once`` runs take
+   the first seed only).
    Runs are interleaved seed by seed in one process; the JSON is rewritten after each run.
 Reported: per run and seed val acc, epoch time (mean of the last 5), peak memory, efficiency;
 mean +- std over seeds; the ratio exported / best static (by mean efficiency) and the
-accuracy difference. ``--tuned FILE`` skips the search and trains FILE.
+accuracy difference. ``--tuned FILE`` skips the search and trains FILE; ``--search-only`` stops
+after the export (the exported config is written beside ``--out``, for a later ``--tuned``).
 """
 from __future__ import annotations
 
@@ -105,15 +107,23 @@ def main():
     ap.add_argument("--space", default=str(ROOT / "spaces" / "cifar10_jpeg_resnet18.yaml"))
     ap.add_argument("--tuned", help="an exported config: skip the search")
     ap.add_argument("--trials", type=int, help="override the space's trial count")
+    ap.add_argument("--imagefolder", action="store_true",
+                    help="read --data-dir as an ImageFolder (the CIFAR-10 JPEG pack) whatever data the space "
+                         "names: the GPU machine has no torchvision CIFAR files")
+    ap.add_argument("--search-only", action="store_true",
+                    help="search and export, then stop: the exported config lands beside --out")
     ap.add_argument("--work", default="/tmp/svs")
     ap.add_argument("--warm-epochs", type=int, default=2, help=WARM_HELP)
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    res = {"what": __doc__.split("\n\n")[0], "epochs": args.epochs, "runs": {}}
+    res = {"what": __doc__.split("\n\n")[0], "epochs": args.epochs, "space": args.space, "runs": {}}
+    space = yaml.safe_load(Path(args.space).read_text())
+    space["train"]["data"]["data_dir"] = args.data_dir
+    if args.imagefolder:
+        space["train"]["data"] = {"name": "imagefolder", "data_dir": args.data_dir, "image_size": 32,
+                                  "val_fraction": space["train"]["data"].get("val_fraction", 0.1)}
     if args.tuned is None:
-        space = yaml.safe_load(Path(args.space).read_text())
-        space["train"]["data"]["data_dir"] = args.data_dir
         if args.trials:
             space["trials"] = args.trials
         (work / "space.yaml").write_text(yaml.safe_dump(space, sort_keys=False))
@@ -131,13 +141,19 @@ def main():
         print(r.stdout, r.stderr, flush=True)
         write(args.out, res)
         args.tuned = str(work / "tuned.yaml")
+        if args.search_only:
+            if r.returncode == 0:
+                Path(args.out).with_suffix(".tuned.yaml").write_text((work / "tuned.yaml").read_text())
+            return
     tuned = yaml.safe_load(Path(args.tuned).read_text())
     res["provenance"] = tuned.get("provenance")
     tuned["epochs"] = args.epochs
-    static = yaml.safe_load((ROOT / "configs" / "cifar10_jpeg_resnet18.yaml").read_text())
-    static["data"]["data_dir"] = args.data_dir
-    static.update(epochs=args.epochs)
-    static["optim"]["warmup_epochs"] = 2
+    # static AMP with the space's own train settings (issue 12): its data, model, optimizer and
+    # cuBLAS workspace; no controllers, no checkpointing (a user's plain run)
+    static = copy.deepcopy(space["train"])
+    static.pop("triaccel", None)
+    static.update(mode="amp", epochs=args.epochs, checkpointing=False)
+    static.setdefault("optim", {})["warmup_epochs"] = 2
 
     def static_cfg(spec):  # dtype:batch[:captured][:torchws]
         dt, b, *flags = spec.split(":")

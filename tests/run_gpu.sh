@@ -10,7 +10,12 @@
 #                                         # end-to-end searches take about a minute each there
 #   PART=rest bash tests/run_gpu.sh       # everything else
 # SHARD=i/n runs every n-th test of the part from the i-th (1-based): PART=hardening SHARD=1/2, then 2/2.
-# Parts may run side by side in one command if each has its own OUT (the install below is locked).
+# Run the parts one at a time. Side by side (each with its own OUT; the install below is locked)
+# they slow each other down past a device command: on 2026-12-01 cuda took 520 s instead of 53 s
+# beside search and hardening, which finished 12 and 8 tests in 10 minutes; and hardening's
+# `--address auto` test found the Ray instance the search part had started and failed.
+# On the H200 the search tests run slower than on a 2-core CI machine (the Ctrl-C test: over
+# 140 s against 52 s): give search and hardening a command each, sharded (SHARD) if need be.
 # (PYTEST_ARGS=... runs whatever pytest arguments you give instead.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
