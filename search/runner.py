@@ -242,7 +242,7 @@ def gpu_share(space: SearchSpace, shared: int) -> float:
 
 def _tuner(space: SearchSpace, name: str, uri: str, shared: int, ref_curve: list | None):
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    from ray.tune.schedulers import FIFOScheduler
 
     from triaccel.search.callbacks import ConsoleReporter, MLflowSearchCallback
 
@@ -250,10 +250,14 @@ def _tuner(space: SearchSpace, name: str, uri: str, shared: int, ref_curve: list
 
     epochs = from_dict(TrainConfig, dict(space.train)).epochs
     if space.scheduler == "asha" and space.objective == "efficiency":
+        from triaccel.search.schedulers import StartPointsFinishASHA
+
         # ASHA ranks by the efficiency of feasible trials; a trial below the accuracy margin ranks
-        # under every feasible one (search_score < 0), so it is the first to stop
-        sched = ASHAScheduler(metric="search_score", mode="max", time_attr="training_iteration", max_t=epochs,
-                              grace_period=space.grace_period, reduction_factor=2)
+        # under every feasible one (search_score < 0), so it is the first to stop. The start points
+        # always finish: ASHA ranks trials sharing the GPU, which is not how they rank alone
+        sched = StartPointsFinishASHA(metric="search_score", mode="max", time_attr="training_iteration",
+                                      max_t=epochs, grace_period=space.grace_period, reduction_factor=2,
+                                      start=copy.deepcopy(space.start))
     else:  # ASHA needs one metric: off for the multi-objective search
         sched = FIFOScheduler()
     return tune.Tuner(

@@ -476,6 +476,14 @@ def test_readme_main_job_runs_as_written(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert sum(ln.startswith("trial ") for ln in r.stdout.splitlines()) == 8
     assert "reference baseline:" in r.stdout and " base " in r.stdout  # baselines lead the summary
+    # the space's start point ran every epoch: ASHA never stops a start point (tests/test_schedulers.py)
+    from triaccel.search.results import is_complete, trial_table
+
+    c = mlflow_client(tmp_path)
+    rows = trial_table(c, c.get_experiment_by_name("triaccel-search").experiment_id, "quickstart")
+    start = [x for x in rows if x["values"].get("triaccel.precision.tau_low") == pytest.approx(1000.0)
+             and x["values"].get("triaccel.curvature.alpha") == pytest.approx(0.001)]
+    assert len(start) == 1 and is_complete(start[0], 4), [(x["values"], x["metrics"].get("epoch")) for x in rows]
     r = cli("export", "quickstart", "--out", "tuned.yaml", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     prov = yaml.safe_load((tmp_path / "tuned.yaml").read_text())["provenance"]
