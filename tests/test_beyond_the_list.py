@@ -193,3 +193,12 @@ def test_warmup_longer_than_the_run_is_refused(tmp_path, capsys):
     s.write_text((ROOT / "spaces" / "quickstart.yaml").read_text().replace("warmup_epochs: 1}", "warmup_epochs: 6}"))
     _one_line(capsys, ["search", "--space", str(s)], "s.yaml: train.optim.warmup_epochs: must be <= epochs (4)")
     assert not (tmp_path / "mlruns").exists()
+
+
+@pytest.mark.parametrize("value", ["99999999999999999999999", "-1"])
+def test_split_seed_out_of_range_is_refused(capsys, value):
+    """data.split_seed=99999999999999999999999 loaded, then was torch.Generator's "Overflow when
+    unpacking long long" traceback at data set-up. Same range as `seed`: [0, 2**32)."""
+    _one_line(capsys, ["train", "--config", QUICK, *FAST, "--set", f"data.split_seed={value}"],
+              f"data.split_seed: must be in [0, 2**32), got {value}")
+    assert load_config(QUICK, [f"data.split_seed={2**32 - 1}"]).data.split_seed == 2**32 - 1

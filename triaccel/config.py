@@ -79,6 +79,8 @@ class DataConfig:
         _check(0.0 < self.val_fraction < 1.0, "data.val_fraction", f"must be in (0, 1), got {self.val_fraction}")
         _check(self.image_size is None or self.image_size > 0, "data.image_size", "must be > 0")
         _check(self.crop_padding >= 0, "data.crop_padding", "must be >= 0")
+        # as `seed`: data.split_seed=10**20 was torch.Generator's "Overflow when unpacking long long" traceback
+        _check(0 <= self.split_seed < 2**32, "data.split_seed", f"must be in [0, 2**32), got {self.split_seed}")
 
 
 @dataclass
