@@ -202,3 +202,24 @@ def test_split_seed_out_of_range_is_refused(capsys, value):
     _one_line(capsys, ["train", "--config", QUICK, *FAST, "--set", f"data.split_seed={value}"],
               f"data.split_seed: must be in [0, 2**32), got {value}")
     assert load_config(QUICK, [f"data.split_seed={2**32 - 1}"]).data.split_seed == 2**32 - 1
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--steps", "0"], "--steps 0: must be >= 1"),
+    (["--steps", "-1"], "--steps -1: must be >= 1"),
+    (["--warmup", "-1"], "--warmup -1: must be >= 0"),
+])
+def test_profile_step_counts_are_checked_first(capsys, flags, match):
+    """`triaccel profile --steps 0` profiled every variant's warm-up, then was statistics' "no median
+    for empty data" traceback; --warmup -1 ran as 0 without a word."""
+    _one_line(capsys, ["profile", "--config", QUICK, *FAST, *flags], match)
+
+
+def test_profile_out_that_is_a_file(tmp_path, capsys):
+    """`triaccel profile --out FILE` was a FileExistsError traceback (FILE/sub: NotADirectoryError)."""
+    f = tmp_path / "report.txt"
+    f.write_text("keep me")
+    _one_line(capsys, ["profile", "--config", QUICK, *FAST, "--out", str(f)], f"--out {f}: is a file, not a folder")
+    _one_line(capsys, ["profile", "--config", QUICK, *FAST, "--out", str(f / "sub")], f"--out {f / 'sub'}: cannot "
+              "create the folder")
+    assert f.read_text() == "keep me"

@@ -230,8 +230,22 @@ def format_report(report: dict) -> str:
 
 def cmd_profile(args) -> int:
     from triaccel.config import load_config
+    from triaccel.errors import ConfigError
 
+    # --steps 0 profiled every variant's warm-up, then was statistics' "no median for empty data"
+    # traceback; --warmup -1 was taken as 0 without a word
+    if args.steps < 1:
+        raise ConfigError(f"--steps {args.steps}: must be >= 1 (timed steps per measurement)")
+    if args.warmup < 0:
+        raise ConfigError(f"--warmup {args.warmup}: must be >= 0")
     cfg = load_config(args.config, args.set)
+    if args.out is not None:  # --out naming a file was a FileExistsError traceback
+        try:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            why = "is a file, not a folder" if Path(args.out).exists() else \
+                f"cannot create the folder ({e.strerror or e})"
+            raise ConfigError(f"--out {args.out}: {why}") from None
     report = run_profile(cfg, steps=args.steps, warmup=args.warmup, out_dir=args.out)
     print(format_report(report))
     out = Path(report["out_dir"])
