@@ -60,6 +60,8 @@ TOP_KEYS = {"name", "objective", "trials", "concurrency", "gpus_per_trial", "cpu
             "sampler", "seed", "grace_period", "train", "params", "description", "baseline", "start"}
 BASELINE_KEYS = {"batch_sizes", "amp_dtypes", "capture", "accuracy_margin"}
 PARAM_KEYS = {"distribution", "low", "high", "step", "choices", "above"}
+DIST_KEYS = {"uniform": {"distribution", "low", "high", "above"}, "loguniform": {"distribution", "low", "high", "above"},
+             "int": {"distribution", "low", "high", "step", "above"}, "categorical": {"distribution", "choices", "above"}}
 MAX_TRIALS = 10_000  # Tune rewrites its state, every trial in it, after every event: more is a typo
 FRAC_SUFFIX = "@frac"  # Optuna's name for the position of an `above` parameter within its feasible range
 EPS = 1e-6
@@ -255,6 +257,12 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "") -> SearchS
         dist = spec.get("distribution")
         if dist not in DISTRIBUTIONS:
             raise _err(src, pk, f"unknown distribution {dist!r} (valid: {', '.join(DISTRIBUTIONS)})")
+        for sk in spec:  # {distribution: uniform, ..., step: 0.25} searched a continuous range without a word
+            if sk not in DIST_KEYS[dist]:
+                raise _err(src, f"{pk}.{sk}", f"{dist} does not use {sk} (it takes "
+                                              f"{', '.join(sorted(DIST_KEYS[dist] - {'distribution'}))})"
+                           + ("; a grid is `distribution: int` with a step, or categorical choices"
+                              if sk == "step" else ""))
         above = spec.get("above")
         if above is not None and not isinstance(above, str):
             raise _err(src, f"{pk}.above", f"must name another searched key, got {above!r}")

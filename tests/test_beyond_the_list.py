@@ -223,3 +223,21 @@ def test_profile_out_that_is_a_file(tmp_path, capsys):
     _one_line(capsys, ["profile", "--config", QUICK, *FAST, "--out", str(f / "sub")], f"--out {f / 'sub'}: cannot "
               "create the folder")
     assert f.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("old,new,match", [
+    ("{distribution: uniform, low: 1.25, high: 2.0}", "{distribution: uniform, low: 1.25, high: 2.0, step: 0.25}",
+     "params.triaccel.batch.grow_factor.step: uniform does not use step (it takes above, high, low); a grid is "
+     "`distribution: int` with a step, or categorical choices"),
+    ("{distribution: loguniform, low: 1.0, high: 1000.0}", "{distribution: loguniform, low: 1.0, high: 1000.0, "
+     "choices: [1.0, 1000.0]}", "params.triaccel.curvature.tau_curv.choices: loguniform does not use choices"),
+])
+def test_a_param_key_its_distribution_ignores_is_refused(tmp_path, capsys, old, new, match):
+    """{distribution: uniform, low: 1.25, high: 2.0, step: 0.25} searched the continuous range without a
+    word (only int reads `step`; uniform/loguniform ignored `choices`, categorical `low`/`high`)."""
+    s = tmp_path / "s.yaml"
+    text = (ROOT / "spaces" / "quickstart.yaml").read_text()
+    assert old in text
+    s.write_text(text.replace(old, new))
+    _one_line(capsys, ["search", "--space", str(s)], f"s.yaml: {match}")
+    assert not (tmp_path / "mlruns").exists()
