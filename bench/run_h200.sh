@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The H200 benchmark runs, in one place. Usage (on the GPU machine, repo root):
 #   bash bench/run_h200.sh OUTDIR SECTION...
-#   sections: kernels breakdown overhead probe paper hostprofile profile baselines elastic ablation search (search: needs Ray etc.)
+#   sections: kernels breakdown overhead probe paper hostprofile profile baselines elastic ablation search searchcapture
+#             space10 (search, searchcapture, space10: need Ray etc., PYTHONPATH=/tmp/site)
 # Expects the CIFAR-10 JPEG tree in /tmp/cifar (tar xzf cifar10-jpeg.tar.gz -C /tmp/cifar).
 # Each section writes OUTDIR/<name>.json (profile: OUTDIR/profile/) and a log; a failing section
 # does not stop the others. SECTION_TIMEOUT=S (seconds) stops any one section after S seconds.
@@ -36,6 +37,10 @@ for s in "$@"; do
     ablation)  python3 bench/triaccel_bench.py ablation --data-dir $data --epochs 3 --out "$out/h200_ablation.json" ;;
     search)    python3 bench/search_bench.py --data-dir $data --trials 16 --epochs 2 --batch 256 --which alone,packed \
                  --out "$out/h200_search.json" ;;
+    searchcapture) python3 bench/search_bench.py --data-dir $data --trials 8 --epochs 3 --which packed-eager,packed-captured \
+                 --out "$out/h200_search_capture.json" ;;  # issue 13: a packed search, eager vs captured step
+    space10)   python3 bench/search_vs_static.py --data-dir $data --imagefolder --space spaces/cifar10_resnet18.yaml \
+                 --trials 4 --search-only --out "$out/h200_search_cifar10_space.json" --work /tmp/svs10 ;;  # issue 12
     *) echo "unknown section $s" ;;
   esac 2>&1 | tee "$out/$s.log"
   echo "== $s done in $(( $(date +%s) - t0 )) s" | tee -a "$out/times.log"

@@ -509,8 +509,8 @@ def default_confirm(confirm: int | None, shared: int) -> int:
     if confirm is not None:
         return confirm
     if shared > 1 and _gpu_count() > 0:
-        print(f"{shared} trials shared the GPU: re-running the top {CONFIRM_WHEN_SHARED} alone before export "
-              f"(--confirm 0 skips this)", flush=True)
+        print(f"{shared} trials shared the GPU: re-running the top {CONFIRM_WHEN_SHARED} and the start points "
+              f"alone before export (--confirm 0 skips this)", flush=True)
         return CONFIRM_WHEN_SHARED
     return 0
 
@@ -719,15 +719,16 @@ def record_best(name: str, space: SearchSpace, uri: str, o) -> None:
 
 
 def confirm_top(name: str, space: SearchSpace, uri: str, k: int) -> None:
-    """Re-run the top K feasible configurations alone (no GPU sharing) as confirm runs."""
+    """Re-run the top K feasible configurations, and the feasible start points, alone (no GPU
+    sharing) as confirm runs (``results.to_confirm``)."""
     from triaccel.search.callbacks import TAG_ROLE, TAG_SEARCH
-    from triaccel.search.results import confirmed_metrics, trial_table
+    from triaccel.search.results import confirmed_metrics, to_confirm, trial_table
 
     o = read_outcome(name, space, uri)
     c, exp = _client(uri)
     done_ids = set(confirmed_metrics(trial_table(c, exp, name, role="confirm")))
     parent = parent_run(name, space, uri)
-    for x in [r for r in o.ranked if r.feasible][:k]:
+    for x in to_confirm(o, k, space.is_start):
         r = x.row
         if r["run_id"] in done_ids:
             continue

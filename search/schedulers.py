@@ -12,32 +12,15 @@ checkpointing adds costs more under sharing than alone, while the memory it save
 same either way.
 
 Start points are the space author's known-good configurations (a handful of trials): they
-always finish, so they always reach the alone re-measurement (``--confirm``) that decides the
-export. They still report to ASHA's rungs, so the rungs' cut-offs for the sampled trials are
+always finish, and are always re-measured alone where trials shared the GPU (``--confirm``,
+``results.to_confirm``), which decides the export. They still report to ASHA's rungs, so the rungs' cut-offs for the sampled trials are
 unchanged. Sampled trials are stopped as Ray's ASHA stops them.
 """
 from __future__ import annotations
 
-import math
-
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
-
-def is_start_point(config: dict, start: list[dict]) -> bool:
-    """Whether ``config`` (a trial's sample, in Optuna's names) is one of the ``start`` points:
-    every key a point sets has that value (a partial point's other keys are sampled)."""
-    for point in start:
-        if all(k in config and _same(config[k], v) for k, v in point.items()):
-            return True
-    return False
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):  # True == 1 in Python; not as a choice
-        return type(a) is type(b) and a == b
-    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
-        return a == b
-    return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
+from triaccel.search.space import is_start_point
 
 
 class StartPointsFinishASHA(ASHAScheduler):

@@ -7,7 +7,8 @@ pytest.importorskip("ray")
 from ray.tune.experiment import Trial  # noqa: E402
 from ray.tune.schedulers import TrialScheduler  # noqa: E402
 
-from triaccel.search.schedulers import StartPointsFinishASHA, is_start_point  # noqa: E402
+from triaccel.search.schedulers import StartPointsFinishASHA  # noqa: E402
+from triaccel.search.space import is_start_point  # noqa: E402
 
 START = [{"batch_size": 96, "checkpointing": True, "triaccel.precision.tau_low": 1000.0,
           "triaccel.precision.tau_high@frac": 0.5}]
