@@ -241,3 +241,12 @@ def test_a_param_key_its_distribution_ignores_is_refused(tmp_path, capsys, old, 
     s.write_text(text.replace(old, new))
     _one_line(capsys, ["search", "--space", str(s)], f"s.yaml: {match}")
     assert not (tmp_path / "mlruns").exists()
+
+
+@pytest.mark.parametrize("value", ["[a, b]", "[null, 0.9]", "[[0.9], [0.99]]", "[false, 0.9]"])
+def test_betas_that_are_not_numbers_name_the_key(capsys, value):
+    """`--set optim.betas=[a, b]` said "optim: '<=' not supported between instances of 'int' and 'str'"
+    (Python's words, no key); [false, 0.9] trained with beta1 = 0."""
+    _one_line(capsys, ["train", "--config", QUICK, *FAST, "--set", f"optim.betas={value}"],
+              "optim.betas: two numbers in [0, 1), got [")
+    assert load_config(QUICK, ["optim.betas=[0, 0.99]"]).optim.betas == (0.0, 0.99)

@@ -114,7 +114,10 @@ class OptimConfig:
         _check(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
         _check(self.warmup_epochs is None or self.warmup_epochs >= 0, "optim.warmup_epochs", "must be >= 0")
         _check(self.clip_grad_norm is None or self.clip_grad_norm > 0, "optim.clip_grad_norm", "must be > 0")
-        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas", "two values in [0, 1)")
+        # `optim.betas=[a, b]` was "optim: '<=' not supported between instances of 'int' and 'str'" (no key)
+        _check(len(self.betas) == 2 and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1
+                                            for b in self.betas), "optim.betas",
+               f"two numbers in [0, 1), got {list(self.betas)!r}")
         self.betas = tuple(float(b) for b in self.betas)
 
 
