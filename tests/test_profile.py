@@ -28,7 +28,10 @@ def test_phase_times_fit_in_the_step(report):
     for name, v in report["variants"].items():
         ph = v["phases"]
         total = sum(ph[p]["median_ms"] for p in ("forward", "backward", "optimizer"))
-        assert total <= 1.5 * v["step_real_ms"] + 2.0, (name, total, v["step_real_ms"])
+        # phases are timed apart (a sync each), so their sum exceeds the real step a little; a phase
+        # timed over several steps, or the step's time counted twice, is many times it. Loose, since
+        # a loaded machine (another pytest beside it) stretched the ratio past 1.5 once
+        assert total <= 3.0 * v["step_real_ms"] + 5.0, (name, total, v["step_real_ms"])
         assert all(ph[p]["median_ms"] > 0 for p in ("forward", "backward", "optimizer"))
 
 
