@@ -27,7 +27,13 @@ STATE_FILE = "triaccel_search.json"
 
 
 def tune_root() -> Path:
-    return Path(os.environ.get("TRIACCEL_TUNE_DIR", "mlruns/tune")).resolve()
+    raw = os.environ.get("TRIACCEL_TUNE_DIR")
+    if raw is not None and not raw.strip():  # an empty value meant the current folder, silently
+        raise ConfigError("TRIACCEL_TUNE_DIR is set but empty: unset it (default mlruns/tune) or name a folder")
+    p = Path(raw or "mlruns/tune").resolve()
+    if p.exists() and not p.is_dir():  # "no searches under FILE" read a misset variable as an empty store
+        raise ConfigError(f"TRIACCEL_TUNE_DIR={raw}: is a file, not a folder")
+    return p
 
 
 def _gpu_count() -> int:

@@ -250,3 +250,18 @@ def test_betas_that_are_not_numbers_name_the_key(capsys, value):
     _one_line(capsys, ["train", "--config", QUICK, *FAST, "--set", f"optim.betas={value}"],
               "optim.betas: two numbers in [0, 1), got [")
     assert load_config(QUICK, ["optim.betas=[0, 0.99]"]).optim.betas == (0.0, 0.99)
+
+
+@pytest.mark.parametrize("value,match", [("FILE", "is a file, not a folder"), ("", "set but empty")])
+def test_tune_dir_that_is_a_file_or_empty_is_one_line(capsys, monkeypatch, tmp_path, value, match):
+    """TRIACCEL_TUNE_DIR at a file listed 'no searches under FILE' (exit 0), and an empty value
+    meant the current folder: a misset variable read as an empty store."""
+    f = tmp_path / "tune.txt"
+    f.write_text("not a folder\n")
+    monkeypatch.setenv("TRIACCEL_TUNE_DIR", str(f) if value == "FILE" else value)
+    for argv in (["searches"], ["export", "x", "--out", str(tmp_path / "t.yaml")]):
+        rc = main(argv)
+        out, err = capsys.readouterr()
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and "TRIACCEL_TUNE_DIR" in err and match in err, \
+            (argv, rc, out, err)
+    assert f.read_text() == "not a folder\n" and not (tmp_path / "t.yaml").exists()
