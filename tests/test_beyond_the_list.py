@@ -265,3 +265,11 @@ def test_tune_dir_that_is_a_file_or_empty_is_one_line(capsys, monkeypatch, tmp_p
         assert rc == 2 and len(err.strip().splitlines()) == 1 and "TRIACCEL_TUNE_DIR" in err and match in err, \
             (argv, rc, out, err)
     assert f.read_text() == "not a folder\n" and not (tmp_path / "t.yaml").exists()
+
+
+@pytest.mark.parametrize("setting,key", [("model.resize=99999999", "model.resize"),
+                                         ("model.resize=0", "model.resize")])
+def test_resize_past_any_model_is_refused_naming_the_key(capsys, setting, key):
+    """model.resize=99999999 was accepted and failed allocating later (helper's report)."""
+    _one_line(capsys, ["train", "--config", QUICK, *FAST, "--set", setting], f"{key}: must be in [1, 2048]")
+    assert load_config(None, [f"{key}=2048"]) is not None  # the bound itself is a valid side

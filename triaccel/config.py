@@ -30,6 +30,10 @@ MAX_WIDTH = 1024
 # size of the whole model two or three times over (ResNet-18 at k=64: 2.9 GB each, in fp32) and the
 # exact probe does k Hessian-vector products per layer and iteration; top_k=1000000000 was killed for memory.
 MAX_TOP_K = 64
+# model.resize: at most 2048 px a side (EfficientNet-B7 trains at 600); 99999999 was accepted and
+# failed allocating activations later. (data.image_size is checked against the data set's size
+# when it loads: triaccel.data.)
+MAX_IMAGE_SIDE = 2048
 # data.image_size: the smallest side each model can take (triaccel.models.MODELS). small_cnn max-pools
 # by 2 once (a 1 px image was "Output size is too small" from torch); resnet18 and efficientnet_b0 pad
 # every strided conv and pool adaptively, mlp flattens: any side >= 1 runs.
@@ -90,7 +94,8 @@ class ModelConfig:
     width: int = 32  # small_cnn only: channels of the first conv
 
     def __post_init__(self):
-        _check(self.resize is None or self.resize > 0, "model.resize", "must be > 0")
+        _check(self.resize is None or 0 < self.resize <= MAX_IMAGE_SIDE, "model.resize",
+               f"must be in [1, {MAX_IMAGE_SIDE}] px, got {self.resize}")
         _check(0 < self.width <= MAX_WIDTH, "model.width",
                f"must be in [1, {MAX_WIDTH}] (small_cnn's first-conv channels, mlp's hidden units), got {self.width}")
 
