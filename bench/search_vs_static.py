@@ -104,7 +104,9 @@ def main():
                     help="dtype:batch[:captured][:torchws] runs over every seed (torchws: torch's cuBLAS "
                          "workspace instead of the config's cublas_workspace_mib)")
     ap.add_argument("--static-once", default="bf16:96,bf16:1024,fp16:256,fp16:768")
-    ap.add_argument("--space", default=str(ROOT / "spaces" / "cifar10_jpeg_resnet18.yaml"))
+    ap.add_argument("--space", help="the space to search, and whose train settings the static runs take "
+                                     "(default: the --tuned file's space where it still exists, else "
+                                     "spaces/cifar10_jpeg_resnet18.yaml)")
     ap.add_argument("--tuned", help="an exported config: skip the search")
     ap.add_argument("--trials", type=int, help="override the space's trial count")
     ap.add_argument("--imagefolder", action="store_true",
@@ -118,11 +120,16 @@ def main():
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     res = {"what": __doc__.split("\n\n")[0], "epochs": args.epochs, "space": args.space, "runs": {}}
+    if args.space is None:
+        src = (yaml.safe_load(Path(args.tuned).read_text()).get("provenance") or {}).get("space_file") \
+            if args.tuned else None
+        args.space = src if src and Path(src).is_file() else str(ROOT / "spaces" / "cifar10_jpeg_resnet18.yaml")
+        print(f"static runs take the train settings of {args.space}", flush=True)
     space = yaml.safe_load(Path(args.space).read_text())
     space["train"]["data"]["data_dir"] = args.data_dir
     if args.imagefolder:
-        space["train"]["data"] = {"name": "imagefolder", "data_dir": args.data_dir, "image_size": 32,
-                                  "val_fraction": space["train"]["data"].get("val_fraction", 0.1)}
+        space["train"]["data"].update(name="imagefolder", data_dir=args.data_dir, image_size=32)
+        space["train"]["data"].pop("download", None)  # the space's other data keys (split, cache) stay
     if args.tuned is None:
         if args.trials:
             space["trials"] = args.trials
@@ -132,6 +139,7 @@ def main():
         t0 = time.perf_counter()
         r = subprocess.run([sys.executable, "-m", "triaccel.cli", "search", "--space", str(work / "space.yaml"),
                             "--name", "bench"], cwd=work, env=env, capture_output=True, text=True)
+        search_rc = r.returncode
         res["search"] = {"wall_s": time.perf_counter() - t0, "rc": r.returncode,
                          "stdout_tail": r.stdout[-6000:], "stderr_tail": r.stderr[-3000:]}
         print(r.stdout[-6000:], r.stderr[-2000:], flush=True)
@@ -141,9 +149,10 @@ def main():
         print(r.stdout, r.stderr, flush=True)
         write(args.out, res)
         args.tuned = str(work / "tuned.yaml")
+        if search_rc or r.returncode:  # an export of an older search under the same --work is no result
+            sys.exit(f"search (exit {search_rc}) or export (exit {r.returncode}) failed: see {args.out}")
         if args.search_only:
-            if r.returncode == 0:
-                Path(args.out).with_suffix(".tuned.yaml").write_text((work / "tuned.yaml").read_text())
+            Path(args.out).with_suffix(".tuned.yaml").write_text((work / "tuned.yaml").read_text())
             return
     tuned = yaml.safe_load(Path(args.tuned).read_text())
     res["provenance"] = tuned.get("provenance")

@@ -17,6 +17,7 @@ from pathlib import Path
 from ray.tune import Callback
 
 from triaccel.config import flatten
+from triaccel.search.space import START
 from triaccel.tracking import client as make_client
 from triaccel.tracking import ensure_experiment, git_revision, log_metrics, log_params, log_yaml_artifact
 
@@ -113,7 +114,7 @@ class MLflowSearchCallback(Callback):
             run = c.create_run(self._exp_id, run_name=f"{self.search}-{tid}", tags={
                 "mlflow.parentRunId": parent, TAG_SEARCH: self.search, TAG_ROLE: "trial", TAG_TRIAL: tid,
                 "triaccel.values": json.dumps(values), "shared_trials": str(self.shared),
-                "git_revision": git_revision()})
+                "git_revision": git_revision(), **({START: "true"} if trial.config.get(START) else {})})
             rid = run.info.run_id
             train = self.space.train_dict(values)
             params = {k: v for k, v in flatten(train).items()}

@@ -126,14 +126,14 @@ def add_commands(sub) -> None:
     s.add_argument("--gpus-per-trial", type=float, help="fraction of a GPU per trial (overrides the space)")
     s.add_argument("--address", help="join an existing Ray cluster (e.g. ray://head:10001 or auto)")
     s.add_argument("--confirm", type=int, default=None, metavar="K",
-                   help="re-run the top K configurations alone before export (undistorted by sharing); "
-                        "default 3 when trials share a GPU, else 0")
+                   help="re-run the top K configurations, and the space's start points, alone before export "
+                        "(undistorted by sharing); default 3 when trials share a GPU, else 0 (none at all)")
     s.set_defaults(func=cmd_search)
 
     r = sub.add_parser("resume", help="continue an interrupted search")
     r.add_argument("name")
     r.add_argument("--address")
-    r.add_argument("--confirm", type=int, default=None, metavar="K")
+    r.add_argument("--confirm", type=int, default=None, metavar="K", help="as for search")
     r.set_defaults(func=cmd_resume)
 
     e = sub.add_parser("export", help="write the tuned config of a search as a training YAML")

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from triaccel.errors import ConfigError
 
 TAG_SEARCH, TAG_ROLE = "triaccel.search", "triaccel.role"
+TAG_START = "triaccel.start"  # search.space.START: the run of a start-point trial
 DEFAULT_MARGIN_PP = 0.5
 
 
@@ -163,16 +164,19 @@ def outcome(rows: list[dict], confirms: list[dict], baselines: list[dict], epoch
     return out
 
 
-def to_confirm(o: Outcome, k: int, is_start=lambda values: False) -> list:
+def is_start(row: dict) -> bool:
+    """A trial Optuna ran from one of the space's ``start`` points (its run's tag)."""
+    return row.get("tags", {}).get(TAG_START) == "true"
+
+
+def to_confirm(o: Outcome, k: int) -> list:
     """The trials ``--confirm K`` re-runs alone: the top K feasible by their (shared) score, then
-    every other feasible start point (``is_start`` on a trial's values). Sharing the GPU ranks
-    configurations unlike running alone (H200: the checkpointing start point scored 0.89x the
-    plain one shared, 1.07x the best static run alone), and only confirmed trials can be best.
-    None where K is 0."""
+    every other feasible start point. Sharing the GPU ranks configurations unlike running alone
+    (H200: ASHA stopped the checkpointing start point at epoch 4 on its shared score, though alone
+    it scores 1.07x the best static run), and only confirmed trials can be best. None where K is 0."""
     if k <= 0:
         return []
-    top = o.feasible[:k]
-    return top + [r for r in o.feasible[k:] if is_start(r.row["values"])]
+    return o.feasible[:k] + [r for r in o.feasible[k:] if is_start(r.row)]
 
 
 # --------------------------------------------------------------------------- Pareto

@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from triaccel.errors import ConfigError, Interrupted, TriAccelError, disk_full, interrupted
-from triaccel.search.space import MAX_TRIALS, SearchSpace, load_space, parse_space
+from triaccel.search.space import MAX_TRIALS, START, SearchSpace, load_space, parse_space
 from triaccel.tracking import tracking_uri as resolve_uri
 
 EXPERIMENT = "triaccel-search"
@@ -195,6 +195,16 @@ def _constrained_optuna():
             for point in self._start:
                 self._ot_study.enqueue_trial(point, skip_if_exists=True)
 
+        def suggest(self, trial_id):
+            config = super().suggest(trial_id)
+            ot = self._ot_trials.get(trial_id)
+            # an enqueued trial (a start point) carries Optuna's fixed_params: mark its config so the
+            # scheduler and the MLflow run know it (search.space.START)
+            if isinstance(config, dict) and ot is not None \
+                    and "fixed_params" in self._ot_study._storage.get_trial_system_attrs(ot._trial_id):
+                config[START] = True
+            return config
+
         def on_trial_complete(self, trial_id, result=None, error=False):
             ot = self._ot_trials.get(trial_id)
             if ot is not None and result and result.get("acc_constraint") is not None \
@@ -262,8 +272,7 @@ def _tuner(space: SearchSpace, name: str, uri: str, shared: int, ref_curve: list
         # under every feasible one (search_score < 0), so it is the first to stop. The start points
         # always finish: ASHA ranks trials sharing the GPU, which is not how they rank alone
         sched = StartPointsFinishASHA(metric="search_score", mode="max", time_attr="training_iteration",
-                                      max_t=epochs, grace_period=space.grace_period, reduction_factor=2,
-                                      start=copy.deepcopy(space.start))
+                                      max_t=epochs, grace_period=space.grace_period, reduction_factor=2)
     else:  # ASHA needs one metric: off for the multi-objective search
         sched = FIFOScheduler()
     return tune.Tuner(
@@ -515,8 +524,8 @@ def default_confirm(confirm: int | None, shared: int) -> int:
     if confirm is not None:
         return confirm
     if shared > 1 and _gpu_count() > 0:
-        print(f"{shared} trials shared the GPU: re-running the top {CONFIRM_WHEN_SHARED} and the start points "
-              f"alone before export (--confirm 0 skips this)", flush=True)
+        print(f"{shared} trials shared the GPU: re-running the top {CONFIRM_WHEN_SHARED} (and the space's start "
+              f"points) alone before export (--confirm 0 skips this)", flush=True)
         return CONFIRM_WHEN_SHARED
     return 0
 
@@ -734,7 +743,12 @@ def confirm_top(name: str, space: SearchSpace, uri: str, k: int) -> None:
     c, exp = _client(uri)
     done_ids = set(confirmed_metrics(trial_table(c, exp, name, role="confirm")))
     parent = parent_run(name, space, uri)
-    for x in to_confirm(o, k, space.is_start):
+    runs = to_confirm(o, k)
+    extra = len(runs) - min(k, len(o.feasible))
+    if extra:
+        print(f"confirm: {len(runs)} runs alone, the top {min(k, len(o.feasible))} and {extra} more start "
+              f"point{'s' if extra > 1 else ''} (sharing ranks configurations unlike running alone)", flush=True)
+    for x in runs:
         r = x.row
         if r["run_id"] in done_ids:
             continue

@@ -160,14 +160,6 @@ class SearchSpace:
             out[k + FRAC_SUFFIX] = min(1.0, max(0.0, u))
         return out
 
-    def is_start(self, values: dict) -> bool:
-        """Whether a trial's searched ``values`` (real units, as recorded) are one of the space's
-        ``start`` points."""
-        try:
-            return is_start_point(self.sampled(values), self.start)
-        except (KeyError, TypeError, ValueError):  # values of another space (a key it lacks)
-            return False
-
     def _ordered(self):
         done, order = set(), []
         pending = dict(self.params)
@@ -371,18 +363,10 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "") -> SearchS
     return space
 
 
-def is_start_point(config: dict, start: list[dict]) -> bool:
-    """Whether ``config`` (a trial's sample, in Optuna's names) is one of the ``start`` points:
-    every key a point sets has that value (a partial point's other keys are sampled)."""
-    return any(all(k in config and _same(config[k], v) for k, v in point.items()) for point in start)
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):  # True == 1 in Python; not as a choice
-        return type(a) is type(b) and a == b
-    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
-        return a == b
-    return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
+# A trial Optuna ran from a ``start`` point (an enqueued trial) carries this key in its Tune config
+# and this tag on its MLflow run. Known by where it came from, not by its values: a point that sets
+# some keys would match every sampled trial that drew the same values for them.
+START = "triaccel.start"
 
 
 def _start(src: str, spec, space: SearchSpace) -> list:

@@ -111,27 +111,12 @@ def test_the_ratio_says_what_it_is_made_of():
 def test_confirm_takes_the_top_k_feasible_and_every_feasible_start_point():
     # shared scores: the start point "s" ranks 4th (sharing ranked the checkpointing start point under
     # the plain one on the H200), an infeasible start point "si" is never re-run
-    rows = [run("a", 90.0, 83.5), run("b", 88.0, 83.5), run("c", 85.0, 83.5), run("s", 78.0, 83.5),
-            run("d", 70.0, 83.5), run("si", 95.0, 70.0)]
+    rows = [run("a", 90.0, 83.5), run("b", 88.0, 83.5), run("c", 85.0, 83.5),
+            run("s", 78.0, 83.5, **{"triaccel.start": "true"}), run("d", 70.0, 83.5),
+            run("si", 95.0, 70.0, **{"triaccel.start": "true"})]
     o = R.outcome(rows, [], BASE, epochs=4)
-    starts = {78.0, 95.0}  # run() records the efficiency as the trial's value
-    is_start = lambda values: values["x"] in starts  # noqa: E731
-    assert [x.row["run_id"] for x in R.to_confirm(o, 3, is_start)] == ["a", "b", "c", "s"]
-    assert [x.row["run_id"] for x in R.to_confirm(o, 3)] == ["a", "b", "c"]
-    assert [x.row["run_id"] for x in R.to_confirm(o, 5, is_start)] == ["a", "b", "c", "s", "d"]  # no repeat
-    assert R.to_confirm(o, 0, is_start) == []  # --confirm 0 re-runs nothing
-
-
-def test_a_space_knows_its_start_points_by_the_recorded_values():
-    from triaccel.search.space import parse_space
-
-    space = parse_space({
-        "name": "t", "train": {"epochs": 2, "data": {"name": "digits"}, "model": {"name": "small_cnn"}},
-        "params": {"optim.lr": {"distribution": "loguniform", "low": 1e-3, "high": 1.0},
-                   "optim.momentum": {"distribution": "uniform", "low": 0.1, "high": 0.99, "above": "optim.lr"},
-                   "checkpointing": {"distribution": "categorical", "choices": [False, True]}},
-        "start": [{"optim.lr": 0.01, "optim.momentum": 0.9, "checkpointing": True}]}, source="t.yaml")
-    assert space.is_start({"optim.lr": 0.01, "optim.momentum": 0.9, "checkpointing": True})
-    assert not space.is_start({"optim.lr": 0.01, "optim.momentum": 0.9, "checkpointing": False})
-    assert not space.is_start({"optim.lr": 0.01, "optim.momentum": 0.5, "checkpointing": True})
-    assert not space.is_start({"optim.lr": 0.01})  # values of another space
+    assert [x.row["run_id"] for x in R.to_confirm(o, 3)] == ["a", "b", "c", "s"]
+    assert [x.row["run_id"] for x in R.to_confirm(o, 5)] == ["a", "b", "c", "s", "d"]  # no repeat
+    assert [x.row["run_id"] for x in R.to_confirm(o, 1)] == ["a", "s"]
+    assert R.to_confirm(o, 0) == []  # --confirm 0 re-runs nothing
+    assert R.is_start(rows[3]) and not R.is_start(rows[0])
