@@ -200,10 +200,15 @@ def _constrained_optuna():
             ot = self._ot_trials.get(trial_id)
             # an enqueued trial (a start point) carries Optuna's fixed_params: mark its config so the
             # scheduler and the MLflow run know it (search.space.START)
-            if isinstance(config, dict) and ot is not None \
-                    and "fixed_params" in self._ot_study._storage.get_trial_system_attrs(ot._trial_id):
+            if isinstance(config, dict) and ot is not None and "fixed_params" in self._system_attrs(ot):
                 config[START] = True
             return config
+
+        def _system_attrs(self, ot) -> dict:
+            try:  # Optuna's record of an enqueued trial (optuna 3-5); the public property is deprecated
+                return self._ot_study._storage.get_trial_system_attrs(ot._trial_id)
+            except AttributeError:
+                return getattr(ot, "system_attrs", {})
 
         def on_trial_complete(self, trial_id, result=None, error=False):
             ot = self._ot_trials.get(trial_id)
