@@ -271,6 +271,9 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "") -> SearchS
             ch = spec.get("choices")
             if not isinstance(ch, list) or not ch:
                 raise _err(src, pk, "categorical needs a non-empty list of choices")
+            dup = next((b for i, a in enumerate(ch) for b in ch[i + 1:] if type(a) is type(b) and a == b), None)
+            if dup is not None:  # a repeated choice is drawn twice as often: a weight nobody wrote down
+                raise _err(src, f"{pk}.choices", f"{dup!r} is listed twice")
             p.choices = ch
         else:
             if "low" not in spec or "high" not in spec:
@@ -398,8 +401,11 @@ def _start(src: str, spec, space: SearchSpace) -> list:
             if p.above:
                 if p.above not in point:
                     raise _err(src, f"{sk}.{k}", f"needs {p.above} in the same point (it is ordered above it)")
-                if not v > float(point[p.above]):
-                    raise _err(src, f"{sk}.{k}", f"{v} must be above {p.above} ({point[p.above]})")
+                other = float(point[p.above])
+                least = other * (1 + EPS) if other > 0 else other + EPS  # what resolve() can give
+                if not v >= least:  # (other, least) was accepted and ran at least, not at v
+                    raise _err(src, f"{sk}.{k}", f"{v} must be above {p.above} ({point[p.above]}) "
+                                                 f"by at least {EPS:g} (relative)")
         out.append(space.sampled(point))
     return out
 

@@ -212,6 +212,9 @@ _TAU = {"triaccel.precision.tau_low": {"distribution": "loguniform", "low": 1e-2
     ([{"triaccel.precision.tau_high": 50.0}], r"start\[0\].triaccel.precision.tau_high: needs triaccel.precision.tau_low"),
     ([{"triaccel.precision.tau_low": 60.0, "triaccel.precision.tau_high": 50.0}],
      r"start\[0\].triaccel.precision.tau_high: 50.0 must be above triaccel.precision.tau_low"),
+    # above it, but by less than the sampler can place it: it ran at tau_low * (1 + 1e-6), not as written
+    ([{"triaccel.precision.tau_low": 60.0, "triaccel.precision.tau_high": 60.00001}],
+     r"start\[0\].triaccel.precision.tau_high: 60.00001 must be above .* by at least 1e-06"),
 ])
 def test_bad_start_points_are_one_line_naming_the_point_and_key(start, match):
     with pytest.raises(ConfigError, match="s.yaml: " + match):
@@ -230,3 +233,19 @@ def test_relative_precision_thresholds_default_to_every_layer_16_bit_on_resnet18
     ratios = [44.2, 12.0, 8.97, 6.12, 4.28, 2.06, 1.51, 1.0, 0.5, 0.24, 0.11, 0.08, 111.8]
     dec = PrecisionController(rel, len(ratios), initial="fp16").update(ratios, 1)
     assert set(dec.levels) == {"fp16"}
+
+
+def test_a_categorical_choice_listed_twice_is_refused_naming_it():
+    """[power, power, fisher] drew power twice as often as fisher: a weight nobody wrote down."""
+    ch = {"triaccel.curvature.method": {"distribution": "categorical", "choices": ["power", "power", "fisher"]}}
+    with pytest.raises(ConfigError, match=r"s.yaml: params.triaccel.curvature.method.choices: 'power' is listed twice"):
+        parse_space(_with(params=ch), source="s.yaml")
+    ok = {"checkpointing": {"distribution": "categorical", "choices": [False, True]}}  # distinct, whatever == says
+    assert parse_space(_with(params=ok), source="s.yaml").params["checkpointing"].choices == [False, True]
+
+
+def test_a_start_point_at_the_least_above_value_resolves_to_it():
+    s = parse_space(_with(params=dict(_TAU), start=[{"triaccel.precision.tau_low": 60.0,
+                                                     "triaccel.precision.tau_high": 60.0 * (1 + 1e-6)}]),
+                    source="s.yaml")
+    assert s.resolve({**s.start[0]})["triaccel.precision.tau_high"] == pytest.approx(60.0 * (1 + 1e-6), rel=1e-12)
