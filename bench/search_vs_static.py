@@ -119,12 +119,12 @@ def main():
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    res = {"what": __doc__.split("\n\n")[0], "epochs": args.epochs, "space": args.space, "runs": {}}
     if args.space is None:
         src = (yaml.safe_load(Path(args.tuned).read_text()).get("provenance") or {}).get("space_file") \
             if args.tuned else None
         args.space = src if src and Path(src).is_file() else str(ROOT / "spaces" / "cifar10_jpeg_resnet18.yaml")
         print(f"static runs take the train settings of {args.space}", flush=True)
+    res = {"what": __doc__.split("\n\n")[0], "epochs": args.epochs, "space": args.space, "runs": {}}
     space = yaml.safe_load(Path(args.space).read_text())
     space["train"]["data"]["data_dir"] = args.data_dir
     if args.imagefolder:

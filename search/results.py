@@ -23,9 +23,9 @@ import math
 from dataclasses import dataclass, field
 
 from triaccel.errors import ConfigError
+from triaccel.search.space import START
 
 TAG_SEARCH, TAG_ROLE = "triaccel.search", "triaccel.role"
-TAG_START = "triaccel.start"  # search.space.START: the run of a start-point trial
 DEFAULT_MARGIN_PP = 0.5
 
 
@@ -166,7 +166,7 @@ def outcome(rows: list[dict], confirms: list[dict], baselines: list[dict], epoch
 
 def is_start(row: dict) -> bool:
     """A trial Optuna ran from one of the space's ``start`` points (its run's tag)."""
-    return row.get("tags", {}).get(TAG_START) == "true"
+    return row.get("tags", {}).get(START) == "true"
 
 
 def to_confirm(o: Outcome, k: int) -> list:

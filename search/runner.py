@@ -749,9 +749,10 @@ def confirm_top(name: str, space: SearchSpace, uri: str, k: int) -> None:
     done_ids = set(confirmed_metrics(trial_table(c, exp, name, role="confirm")))
     parent = parent_run(name, space, uri)
     runs = to_confirm(o, k)
-    extra = len(runs) - min(k, len(o.feasible))
+    top = min(k, len(o.feasible))
+    extra = len(runs) - top
     if extra:
-        print(f"confirm: {len(runs)} runs alone, the top {min(k, len(o.feasible))} and {extra} more start "
+        print(f"confirm: {len(runs)} runs alone, the top {top} and {extra} more start "
               f"point{'s' if extra > 1 else ''} (sharing ranks configurations unlike running alone)", flush=True)
     for x in runs:
         r = x.row
