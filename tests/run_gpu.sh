@@ -15,7 +15,9 @@
 # beside search and hardening, which finished 12 and 8 tests in 10 minutes; and hardening's
 # `--address auto` test found the Ray instance the search part had started and failed.
 # On the H200 the search tests run slower than on a 2-core CI machine (the Ctrl-C test: over
-# 140 s against 52 s): give search and hardening a command each, sharded (SHARD) if need be.
+# 140 s against 52 s; on 2026-12-01 the `ray start` test took 180 s, README's main job 186 s, and
+# PART=search finished 13 of its 15 tests in 570 s): run search and hardening as SHARD=1/2 and
+# SHARD=2/2, one device command each.
 # (PYTEST_ARGS=... runs whatever pytest arguments you give instead.)
 set -uo pipefail
 cd "$(dirname "$0")/.."

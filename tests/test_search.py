@@ -452,15 +452,18 @@ def test_address_joins_an_existing_cluster_and_a_plain_search_stays_local(tmp_pa
     without --address does not."""
     import shutil
 
+    # the `ray` command; where Ray is on PYTHONPATH without its console script (the GPU machine's
+    # unpacked site), the same CLI through the interpreter
     ray_bin = shutil.which("ray") or str(Path(sys.executable).parent / "ray")
+    ray_cmd = [ray_bin] if Path(ray_bin).exists() else [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]
     space = dict(SPACE, trials=2, concurrency=2)
     space["params"] = {k: v for k, v in SPACE["params"].items() if k != "optim.lr"}
     space["train"] = dict(SPACE["train"], epochs=1)
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     # a token on the machine (any earlier local ray.init writes one): `ray start` then turns token auth on
-    subprocess.run([ray_bin, "get-auth-token", "--generate"], capture_output=True, timeout=120, env=env)
-    r = subprocess.run([ray_bin, "start", "--head", "--port=6391", "--num-cpus=2", "--include-dashboard=false"],
+    subprocess.run([*ray_cmd, "get-auth-token", "--generate"], capture_output=True, timeout=120, env=env)
+    r = subprocess.run([*ray_cmd, "start", "--head", "--port=6391", "--num-cpus=2", "--include-dashboard=false"],
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     printed = re.search(r"--address='([^']+)'", r.stdout + r.stderr)  # what `ray start` tells the user to use
@@ -476,7 +479,7 @@ def test_address_joins_an_existing_cluster_and_a_plain_search_stays_local(tmp_pa
         r = cli("search", "--space", "space.yaml", "--name", "local", cwd=tmp_path)
         assert r.returncode == 0, r.stderr[-3000:]  # a running cluster does not break a local search
     finally:
-        subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=120)
+        subprocess.run([*ray_cmd, "stop", "--force"], capture_output=True, timeout=120)
 
 
 def test_readme_main_job_runs_as_written(tmp_path):
