@@ -2,7 +2,7 @@
 # The H200 benchmark runs, in one place. Usage (on the GPU machine, repo root):
 #   bash bench/run_h200.sh OUTDIR SECTION...
 #   sections: kernels breakdown overhead probe paper hostprofile profile baselines elastic ablation search searchcapture
-#             space10 (search, searchcapture, space10: need Ray etc., PYTHONPATH=/tmp/site)
+#             space10 effnet224 (search, searchcapture, space10: need Ray etc., PYTHONPATH=/tmp/site)
 # Expects the CIFAR-10 JPEG tree in /tmp/cifar (tar xzf cifar10-jpeg.tar.gz -C /tmp/cifar).
 # Each section writes OUTDIR/<name>.json (profile: OUTDIR/profile/) and a log; a failing section
 # does not stop the others. SECTION_TIMEOUT=S (seconds) stops any one section after S seconds.
@@ -41,6 +41,17 @@ for s in "$@"; do
                  --out "$out/h200_search_capture.json" ;;  # issue 13: a packed search, eager vs captured step
     space10)   python3 bench/search_vs_static.py --data-dir $data --imagefolder --space spaces/cifar10_resnet18.yaml \
                  --trials 4 --search-only --out "$out/h200_search_cifar10_space.json" --work /tmp/svs10 ;;  # issue 12
+    effnet224) # issue 14 case 15: EfficientNet-B0 at 224 px from the shipped JPEG config, as a newcomer runs it:
+               # two epochs each (the first minus the second is the warm-up: allocation, cuDNN autotuning,
+               # Triton compilation, captures), static AMP then Tri-Accel with its defaults; then the
+               # profile, which reports the first step apart
+               for m in amp triaccel; do
+                 python3 -m triaccel.cli train --config configs/cifar10_jpeg_resnet18.yaml --set mode=$m \
+                   --set model.name=efficientnet_b0 --set model.resize=224 --set epochs=2 --set optim.warmup_epochs=1 \
+                   --set tracking.enabled=false
+               done
+               python3 -m triaccel.cli profile --config configs/cifar10_jpeg_resnet18.yaml --set model.name=efficientnet_b0 \
+                 --set model.resize=224 --steps 20 --out "$out/effnet224_profile" ;;
     *) echo "unknown section $s" ;;
   esac 2>&1 | tee "$out/$s.log"
   echo "== $s done in $(( $(date +%s) - t0 )) s" | tee -a "$out/times.log"
