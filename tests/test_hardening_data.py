@@ -191,3 +191,152 @@ def test_ui_rejects_a_port_out_of_range(tmp_path):
     r = _ui(tmp_path, "--port", "70000")
     assert r.returncode == 2
     assert r.stderr == "triaccel: error: --port 70000: not a TCP port (1-65535)\n"
+
+
+# --------------------------------------------------------------------------- 4: links, empty splits, paths, 16 bits
+def _refused(tmp_path, capsys, *sets):
+    """``triaccel train`` on the ImageFolder under tmp_path/data: exit 2 and the one error line."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"data: {{name: imagefolder, data_dir: {tmp_path / 'data'}, cache_dir: {tmp_path / 'cache'}, "
+                   "image_size: 8}\ntracking: {enabled: false}\nepochs: 1\n")
+    args = ["train", "--config", str(cfg)]
+    for s in sets:
+        args += ["--set", s]
+    rc = main(args)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err and err.startswith("triaccel: error: ")
+    return err
+
+
+def test_folder_link_to_an_ancestor_is_refused_not_walked(tmp_path, capsys):
+    root = tmp_path / "data"
+    _tree(root, train="abc", test="abc")
+    (root / "train" / "a" / "root").symlink_to("../..")  # every class and test/ would be labelled "a"
+    err = _refused(tmp_path, capsys)
+    assert f"{root / 'train' / 'a' / 'root'}: a folder link to {root.resolve()}, which holds its class folder" in err
+    assert not (tmp_path / "cache").exists()  # refused before any decode
+
+
+@pytest.mark.parametrize("target", ["..", "../../../test/a", "../../b"])
+def test_folder_links_leaving_the_class_folder_are_refused(tmp_path, target):
+    root = tmp_path / "data"
+    _tree(root, train="abc", test="abc")
+    (root / "train" / "a" / "sub").mkdir()
+    (root / "train" / "a" / "sub" / "link").symlink_to(target)
+    with pytest.raises(DataError, match=f"^{root / 'train' / 'a' / 'sub' / 'link'}: a folder link to ") as ei:
+        load_splits(_cfg(tmp_path))
+    assert "\n" not in str(ei.value)
+
+
+def test_links_inside_the_class_folder_and_file_links_from_outside_still_work(tmp_path):
+    root = tmp_path / "data"
+    _tree(root, train="ab", test="ab")
+    (root / "train" / "a" / "sub").mkdir()
+    _write(root / "train" / "a" / "sub" / "x.png", COLOURS["a"])
+    (root / "train" / "a" / "alias").symlink_to("sub")  # the same folder twice: walked once
+    _write(tmp_path / "elsewhere" / "b.png", COLOURS["b"])
+    (root / "train" / "b" / "linked.png").symlink_to(tmp_path / "elsewhere" / "b.png")  # an image kept elsewhere
+    sp = load_splits(_cfg(tmp_path))
+    assert len(sp.train) + len(sp.val) == 10
+    labels = torch.cat([sp.train.labels, sp.val.labels])
+    images = torch.cat([sp.train.images, sp.val.images])
+    assert labels.tolist() == _class_of_pixels(images, sp.classes)
+
+
+def test_file_link_into_another_class_or_the_test_split_is_refused(tmp_path):
+    root = tmp_path / "data"
+    _tree(root, train="ab", test="ab")
+    link = root / "train" / "a" / "leak.png"
+    link.symlink_to(root / "test" / "a" / "0.png")  # a test image trained on
+    with pytest.raises(DataError, match=f"^{link}: a link to {root.resolve() / 'test' / 'a' / '0.png'}, an image"):
+        load_splits(_cfg(tmp_path))
+    link.unlink()
+    link.symlink_to(root / "train" / "b" / "0.png")  # a "b" image labelled "a"
+    with pytest.raises(DataError, match=f"^{link}: a link to .*, an image of another class folder"):
+        load_splits(_cfg(tmp_path))
+
+
+def test_class_folder_links_into_the_data_set_are_refused(tmp_path):
+    root = tmp_path / "data"
+    _tree(root, train="ab", test="ab")
+    (root / "train" / "c").symlink_to("b")  # class "c" would be class "b"'s images
+    with pytest.raises(DataError, match=f"^{root / 'train' / 'c'}: a class folder link to .*inside the data set"):
+        load_splits(_cfg(tmp_path))
+    (root / "train" / "c").unlink()
+    _tree(tmp_path / "shared", train="", test="", n=0)
+    for i in range(4):
+        _write(tmp_path / "shared" / "c" / f"{i}.png", COLOURS["c"])
+    (root / "train" / "c").symlink_to(tmp_path / "shared" / "c")  # a class kept elsewhere: fine on its own
+    assert load_splits(_cfg(tmp_path)).classes == ["a", "b", "c"]
+    (root / "test" / "c").symlink_to(tmp_path / "shared" / "c")  # ... but not as both train and test
+    with pytest.raises(DataError, match=r"resolves to .*shared/c, which is also class folder .*: the same images"):
+        load_splits(_cfg(tmp_path))
+
+
+def test_empty_validation_split_is_refused(tmp_path, capsys):
+    _tree(tmp_path / "data", train="ab", test="ab", n=1)  # one image per class: nothing to hold out
+    err = _refused(tmp_path, capsys)
+    assert "data.val_fraction: 0.1 of 2 training images leaves 2 to train and 0 to validate on" in err
+
+
+def test_empty_validation_split_is_refused_for_any_dataset(monkeypatch):
+    import triaccel.data as data
+
+    x = torch.zeros(3, 1, 8, 8, dtype=torch.uint8)
+    one_each = lambda cfg: (data.ImageSet(x, torch.tensor([0, 1, 2])), data.ImageSet(x, torch.tensor([0, 1, 2])),
+                            ["0", "1", "2"])
+    monkeypatch.setitem(data.DATASETS, "digits", one_each)
+    with pytest.raises(DataError, match=r"^data\.val_fraction: 0\.1 of 3 training images leaves 3 to train and 0"):
+        load_splits(DataConfig(name="digits"))
+
+
+def test_cache_dir_that_is_a_file_warns_and_trains_without_it(tmp_path):
+    _tree(tmp_path / "data", train="ab", test="ab")
+    (tmp_path / "cache").write_text("keep me")
+    with pytest.warns(UserWarning, match=f"data.cache_dir: {tmp_path / 'cache'}: cannot write the decoded-image "
+                                         "cache \\(not a folder\\); training goes on without it"):
+        sp = load_splits(_cfg(tmp_path))
+    assert len(sp.test) == 8 and (tmp_path / "cache").read_text() == "keep me"  # nothing lost
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "file").write_text("x")
+    with pytest.warns(UserWarning, match="cannot write the decoded-image cache"):  # a file above cache_dir
+        assert len(load_splits(_cfg(tmp_path, cache="dir/file/cache")).test) == 8
+
+
+@pytest.mark.parametrize("key", ["data_dir", "cache_dir"])
+def test_tilde_of_an_unknown_user_names_the_key(tmp_path, capsys, key):
+    _tree(tmp_path / "data", train="ab", test="ab")
+    err = _refused(tmp_path, capsys, f"data.{key}=~nosuchuser-triaccel/x")
+    assert err.startswith(f"triaccel: error: data.{key}: cannot expand '~nosuchuser-triaccel/x'")
+
+
+def test_data_dir_that_is_a_file_says_so(tmp_path):
+    (tmp_path / "data").write_text("x")
+    with pytest.raises(DataError, match=f"^{tmp_path / 'data'}: data_dir is not a folder"):
+        load_splits(_cfg(tmp_path))
+    with pytest.raises(DataError, match=f"^{tmp_path / 'nope'}: data_dir does not exist"):
+        load_splits(DataConfig(name="imagefolder", data_dir=str(tmp_path / "nope")))
+
+
+@pytest.mark.parametrize("mode", ["I;16", "I;16B", "I", "F"])
+def test_high_bit_depth_grayscale_is_rescaled_not_clipped(tmp_path, mode):
+    from triaccel.data import _decode
+
+    ramp = np.linspace(0, 65535, 32 * 32).reshape(32, 32)
+    if mode == "I;16":
+        im = Image.fromarray(ramp.astype(np.uint16))
+    elif mode == "I;16B":
+        im = Image.frombytes("I;16B", (32, 32), ramp.astype(">u2").tobytes())
+    elif mode == "I":
+        im = Image.fromarray(ramp.astype(np.int32))
+    else:
+        im = Image.fromarray((ramp / 65535).astype(np.float32))
+    assert im.mode == mode
+    path = tmp_path / ("x.png" if mode == "I;16" else "x.tif")
+    im.save(path)
+    got = _decode(path, 32)
+    assert got.shape == (32, 32, 3) and got.dtype == np.uint8
+    assert got.min() < 10 and got.max() > 245
+    rows = got[:, :, 0].astype(float).mean(axis=1)
+    assert np.all(np.diff(rows) >= 0) and 100 < rows.mean() < 155  # a ramp, not almost all white

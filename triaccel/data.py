@@ -12,7 +12,9 @@ Sources:
   torchvision only when ``download: true``.
 - ``imagefolder``: ``data_dir/train/<class>/**`` and ``data_dir/test/<class>/**`` (sub-folders of a
   class folder included), any image size, decoded once, resized, and cached on disk. train/ defines the
-  classes (at least 2); a test/ class folder that train/ lacks is an error, not silently dropped.
+  classes (at least 2); a test/ class folder that train/ lacks is an error, not silently dropped. Links are
+  followed only where each image keeps the label of the folder it belongs to (``_walk_images``): a folder link
+  out of its class folder, or a link into another class or split, is refused, naming the link.
 """
 from __future__ import annotations
 
@@ -104,7 +106,7 @@ def _cifar(cfg: DataConfig, hundred: bool) -> tuple[ImageSet, ImageSet, list]:
     name = "CIFAR-100" if hundred else "CIFAR-10"
     if not cfg.data_dir:
         raise DataError(f"data.data_dir: {name} needs a data_dir (the folder holding its files, or where to download them)")
-    root = Path(cfg.data_dir).expanduser()
+    root = _expand("data.data_dir", cfg.data_dir)
     cls = torchvision.datasets.CIFAR100 if hundred else torchvision.datasets.CIFAR10
     out = []
     for train in (True, False):
@@ -122,6 +124,14 @@ def _cifar(cfg: DataConfig, hundred: bool) -> tuple[ImageSet, ImageSet, list]:
     return out[0], out[1], classes
 
 
+def _expand(key: str, value) -> Path:
+    """``value`` with ``~`` expanded; a ``~user`` that names no user is refused naming the key."""
+    try:
+        return Path(value).expanduser()
+    except RuntimeError as e:  # "Could not determine home directory."
+        raise DataError(f"{key}: cannot expand {str(value)!r} (no such user, or no home directory: {e})") from None
+
+
 def _class_dirs(split_dir: Path) -> list[str]:
     if not split_dir.is_dir():
         raise DataError(f"{split_dir}: missing (an ImageFolder root needs train/ and test/)")
@@ -132,24 +142,93 @@ def _is_image(name: str) -> bool:
     return Path(name).suffix.lower() in IMG_EXTENSIONS
 
 
-def _walk_images(class_dir: Path) -> list[Path]:
-    """Image files of a class folder, its sub-folders included (as torchvision's ImageFolder), in a fixed order."""
+def _inside(path: str, folder: str) -> bool:
+    """Whether the resolved ``path`` is ``folder`` or lies under it."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _walk_images(class_dir: Path, data_real: tuple = ()) -> list[Path]:
+    """Image files of a class folder, its sub-folders included (as torchvision's ImageFolder), in a fixed order.
+
+    Links are followed, within limits that keep every image labelled by the folder it belongs to: a folder link
+    must stay inside the class folder (one to the class folder itself or an ancestor would add every class and
+    the test split; one elsewhere would add a folder the layout does not label), and a link to an image file may
+    point anywhere but into another class folder or split of the data set (``data_real``: the resolved train/
+    and test/ folders). A link that breaks these rules is refused, naming it and where it points."""
     def fail(e: OSError):
         raise DataError(f"{e.filename}: cannot list folder ({e.strerror})")
+
+    home = os.path.realpath(class_dir)
+
+    def check_link(link: Path, is_dir: bool) -> None:
+        target = os.path.realpath(link)
+        if is_dir:
+            if target == home:
+                raise DataError(f"{link}: a folder link to its own class folder {target} (a loop): remove the link")
+            if _inside(home, target):
+                raise DataError(f"{link}: a folder link to {target}, which holds its class folder {class_dir} (every "
+                                f"image there, other classes and test/ included, would be labelled "
+                                f"{class_dir.name!r}): remove the link")
+            if not _inside(target, home):
+                raise DataError(f"{link}: a folder link to {target}, outside its class folder {class_dir} (its images "
+                                f"would be labelled {class_dir.name!r}): copy that folder in, or link its image files")
+        elif not _inside(target, home) and any(_inside(target, d) for d in data_real):
+            raise DataError(f"{link}: a link to {target}, an image of another class folder or split (it would also "
+                            f"be labelled {class_dir.name!r} here): remove the link")
 
     out, seen = [], set()
     for dirpath, dirnames, filenames in os.walk(class_dir, onerror=fail, followlinks=True):
         real = os.path.realpath(dirpath)
-        if real in seen:  # a symlink loop, or a folder linked twice: walk it once
+        if real in seen:  # a folder linked twice inside the class folder: walk it once
             dirnames[:] = []
             continue
         seen.add(real)
         dirnames.sort()
-        out.extend(Path(dirpath) / f for f in sorted(filenames) if _is_image(f))
+        for d in dirnames:
+            if os.path.islink(os.path.join(dirpath, d)):
+                check_link(Path(dirpath) / d, is_dir=True)
+        images = [Path(dirpath) / f for f in sorted(filenames) if _is_image(f)]
+        for f in images:
+            if f.is_symlink():
+                check_link(f, is_dir=False)
+        out.extend(images)
     return out
 
 
-def _list_images(split_dir: Path, classes: list | None) -> tuple[list[Path], list[int], list]:
+def _check_class_links(split_dir: Path, found: list, data_real: tuple) -> None:
+    """A class folder that is a link must not lead to the data set's own train/ or test/ folders (or an
+    ancestor of them): its images would be another class's, or the other split's, under this label."""
+    for c in found:
+        link = split_dir / c
+        if not link.is_symlink():
+            continue
+        target = os.path.realpath(link)
+        if any(_inside(d, target) for d in data_real):
+            raise DataError(f"{link}: a class folder link to {target}, which holds the data set's train/ or test/ "
+                            f"folder (every class would be labelled {c!r}): remove the link")
+        if any(_inside(target, d) for d in data_real):
+            raise DataError(f"{link}: a class folder link to {target}, inside the data set's train/ or test/ folder "
+                            f"(another class's or split's images would be labelled {c!r}): remove the link")
+
+
+def _check_no_shared_folders(folders: list[Path]) -> None:
+    """No two class folders (of either split) may resolve to the same folder, or one inside another."""
+    reals = {}
+    for f in folders:
+        real = os.path.realpath(f)
+        if real in reals:
+            raise DataError(f"{f}: resolves to {real}, which is also class folder {reals[real]} (through a link): "
+                            f"the same images would be in two classes or in both splits")
+        reals[real] = f
+    for real, f in reals.items():
+        for parent in map(str, Path(real).parents):
+            other = reals.get(parent)
+            if other is not None:
+                raise DataError(f"{f}: resolves to {real}, inside class folder {other} (through a link): "
+                                f"the same images would be in two classes or in both splits")
+
+
+def _list_images(split_dir: Path, classes: list | None, data_real: tuple = ()) -> tuple[list[Path], list[int], list]:
     """Files and labels of one split. ``classes`` None: the training split, whose folders define the classes;
     otherwise the test split, labelled by the training split's class list."""
     found = _class_dirs(split_dir)
@@ -168,10 +247,11 @@ def _list_images(split_dir: Path, classes: list | None) -> tuple[list[Path], lis
             raise DataError(f"{split_dir}: class folder{'s' if len(extra) > 1 else ''} {', '.join(extra)} not in "
                             f"{split_dir.parent / 'train'} (the model has no output for {them}: add {them} to "
                             f"train/ or remove {them} from test/)")
+    _check_class_links(split_dir, found, data_real)
     index = {c: i for i, c in enumerate(classes)}
     files, labels, empty = [], [], []
     for c in found:
-        got = _walk_images(split_dir / c)
+        got = _walk_images(split_dir / c, data_real)
         if not got:
             empty.append(c)
         files.extend(got)
@@ -184,12 +264,34 @@ def _list_images(split_dir: Path, classes: list | None) -> tuple[list[Path], lis
     return files, labels, classes
 
 
+def _to_8bit(im):
+    """A 16-bit, 32-bit integer or float grayscale image rescaled to 8-bit ``L``: PIL's ``convert`` clips such
+    values at 255 (a 16-bit image came out almost all white). 16-bit modes scale 0..65535 to 0..255; ``I`` (the
+    mode of 16-bit PNGs in older PIL versions, and of 32-bit TIFFs) the same when its values fit in 16 bits, else
+    its full 32-bit range; ``F`` from 0..1 when its values lie there, else as 0..255 or 0..65535, whichever holds
+    them. Other modes are returned as they are."""
+    from PIL import Image
+
+    if not (im.mode.startswith("I;16") or im.mode in ("I", "F")):
+        return im
+    a = np.asarray(im).astype(np.float64)
+    lo, hi = (float(a.min()), float(a.max())) if a.size else (0.0, 0.0)
+    if im.mode.startswith("I;16"):
+        top = 65535.0
+    elif im.mode == "I":
+        top = 65535.0 if hi <= 65535 else 2.0 ** 31 - 1
+    else:
+        top = 1.0 if lo >= 0 and hi <= 1.0 else 255.0 if hi <= 255 else 65535.0 if hi <= 65535 else max(hi, 1.0)
+    a = np.nan_to_num(a, nan=0.0, posinf=top, neginf=0.0)
+    return Image.fromarray(np.clip(np.rint(a * (255.0 / top)), 0, 255).astype(np.uint8), "L")
+
+
 def _decode(path: Path, size: int) -> np.ndarray:
     from PIL import Image
 
     try:
         with Image.open(path) as im:
-            im = im.convert("RGB")
+            im = _to_8bit(im).convert("RGB")
             if im.size != (size, size):
                 im = im.resize((size, size), Image.BILINEAR)
             return np.asarray(im, dtype=np.uint8)
@@ -245,26 +347,35 @@ def _decode_folder(files: list[Path], labels: list[int], classes: list, size: in
     # mid-write never leaves a half cache. The cache only saves time: failing to write it is not an error.
     tmp = cache.with_name(f"{cache.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
+        if cache_dir.exists() and not cache_dir.is_dir():
+            raise NotADirectoryError(20, "not a folder", str(cache_dir))
         cache_dir.mkdir(parents=True, exist_ok=True)
         torch.save({"images": x, "labels": y}, tmp)
         os.replace(tmp, cache)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
-        warnings.warn(f"{cache_dir}: cannot write the decoded-image cache ({e.strerror or e})", stacklevel=2)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # cache_dir (or a folder above it) is not a folder: there is no temporary file
+            pass
+        warnings.warn(f"data.cache_dir: {cache_dir}: cannot write the decoded-image cache ({e.strerror or e}); "
+                      f"training goes on without it", stacklevel=2)
     return ImageSet(x, y)
 
 
 def _imagefolder(cfg: DataConfig) -> tuple[ImageSet, ImageSet, list]:
     if not cfg.data_dir:
         raise DataError("data.data_dir: imagefolder needs a data_dir holding train/ and test/")
-    root = Path(cfg.data_dir).expanduser()
+    root = _expand("data.data_dir", cfg.data_dir)
     if not root.is_dir():
-        raise DataError(f"{root}: data_dir does not exist")
+        what = "is not a folder" if root.exists() else "does not exist"
+        raise DataError(f"{root}: data_dir {what} (data.data_dir: a folder holding train/ and test/)")
     size = cfg.image_size or 32
-    cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else Path.home() / ".cache" / "triaccel"
+    cache_dir = _expand("data.cache_dir", cfg.cache_dir or "~/.cache/triaccel")
     # both splits are listed and checked before anything is decoded: bad data fails in seconds, not after a decode
-    train_files, train_labels, classes = _list_images(root / "train", None)
-    test_files, test_labels, _ = _list_images(root / "test", classes)
+    data_real = (os.path.realpath(root / "train"), os.path.realpath(root / "test"))
+    train_files, train_labels, classes = _list_images(root / "train", None, data_real)
+    test_files, test_labels, _ = _list_images(root / "test", classes, data_real)
+    _check_no_shared_folders([root / s / c for s in ("train", "test") for c in _class_dirs(root / s)])
     _check_fits(len(train_files) + len(test_files), 3, size)
     train = _decode_folder(train_files, train_labels, classes, size, cache_dir)
     test = _decode_folder(test_files, test_labels, classes, size, cache_dir)
@@ -293,6 +404,10 @@ def load_splits(cfg: DataConfig) -> Splits:
         raise ConfigError(f"data.crop_padding: {bad}")
     keep, held = stratified_split(train_full.labels, cfg.val_fraction, seed=cfg.split_seed)
     train, val = train_full.subset(keep), train_full.subset(held)
+    if len(val) == 0 or len(train) == 0:
+        raise DataError(f"data.val_fraction: {cfg.val_fraction} of {len(train_full)} training images leaves "
+                        f"{len(train)} to train and {len(val)} to validate on (the split is made per class, and a "
+                        f"class of one image cannot be split): each class needs at least 2 training images")
     # per-channel statistics from (at most) 10,000 training images: a float copy of all of CIFAR is 550 MB
     sample = train.images[torch.randperm(len(train), generator=torch.Generator().manual_seed(0))[:10_000]]
     xf = sample.float().div_(255)
