@@ -111,6 +111,11 @@ def cmd_ui(args) -> int:
             why = f"cannot be bound ({e.strerror or e})"
         print(f"triaccel: error: --port {args.port}: {where} {why}", file=sys.stderr)
         return 2
+    from triaccel.tracking import client
+
+    # a store MLflow cannot open (a file that is no database) was the URL line, then 68 lines of the
+    # server's traceback: one line, as train and search say it
+    client(uri, key="MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "the MLflow store")
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", args.host,
            "--port", str(args.port), "--workers", "1"]
     print(f"MLflow UI for {uri} at http://{args.host}:{args.port}  (Ctrl-C stops it)", flush=True)

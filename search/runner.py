@@ -383,13 +383,18 @@ def usable_store() -> str:
     from triaccel.tracking import client
 
     key = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "the MLflow store"
-    try:
-        uri = resolve_uri(None)
-    except OSError as e:  # the folder of a sqlite path cannot be made
-        raise ConfigError(f"{key}: cannot use the MLflow store {os.environ.get('MLFLOW_TRACKING_URI') or 'mlruns/'} "
-                          f"({e.strerror or e}: {e.filename})") from None
+    uri = resolve_uri(None)  # the folder of a sqlite path that cannot be made: one line naming where it came from
     client(uri, key=key)
     _client(uri)  # its experiment deleted in the MLflow UI: said here, before the search takes its name
+    return absolute_store(uri)
+
+
+def absolute_store(uri: str) -> str:
+    """A relative sqlite store (the default sqlite:///mlruns/mlflow.db) as an absolute one, for the search's
+    state: resolved against the current folder, `resume`, `export` and `searches` run from elsewhere (with
+    TRIACCEL_TUNE_DIR) read another, empty store and reported 0 trials without a word."""
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
     return uri
 
 

@@ -272,4 +272,133 @@ def test_tune_dir_that_is_a_file_or_empty_is_one_line(capsys, monkeypatch, tmp_p
 def test_resize_past_any_model_is_refused_naming_the_key(capsys, setting, key):
     """model.resize=99999999 was accepted and failed allocating later (helper's report)."""
     _one_line(capsys, ["train", "--config", QUICK, *FAST, "--set", setting], f"{key}: must be in [1, 2048]")
-    assert load_config(None, [f"{key}=2048"]) is not None  # the bound itself is a valid side
+    assert load_config(None, ["model.name=efficientnet_b0", f"{key}=2048"]) is not None  # the bound is a valid side
+
+
+# ---------------------------------------------------------------- the CLI tester's report (2026-12-01)
+@pytest.mark.parametrize("settings,match", [
+    # torch's "Nesterov momentum requires a momentum" traceback at the first step
+    (["optim.nesterov=true", "optim.momentum=0"], "optim.nesterov: needs optim.momentum > 0"),
+    # ignored by small_cnn, and it waived the model's least image size (then max_pool2d's traceback)
+    (["model.resize=64"], "model.resize: only efficientnet_b0 resizes its input; small_cnn would ignore it"),
+    # trained at 96 below min_batch 200; with max_batch 16, 64 became 16 without a word
+    (["mode=triaccel", "batch_size=96", "triaccel.batch.min_batch=200", "triaccel.batch.max_batch=400"],
+     "batch_size: 96 is outside the batch controller's bounds"),
+    (["mode=triaccel", "batch_size=64", "triaccel.batch.max_batch=16", "triaccel.batch.min_batch=8"],
+     "batch_size: 64 is outside the batch controller's bounds"),
+])
+def test_settings_that_were_ignored_or_a_traceback_are_refused(capsys, settings, match):
+    _one_line(capsys, ["train", "--config", QUICK, *FAST, *[a for s in settings for a in ("--set", s)]], match)
+
+
+def test_the_batch_bounds_bind_only_where_the_batch_controller_runs():
+    assert load_config(QUICK, ["mode=amp", "amp_dtype=bf16", "batch_size=4", "triaccel.batch.min_batch=8"])
+    assert load_config(QUICK, ["mode=triaccel", "batch_size=4", "triaccel.batch.min_batch=8",
+                               "triaccel.batch.enabled=false"])
+
+
+def test_yaml_nested_past_any_config_is_one_line(tmp_path, capsys):
+    """900 nested lists (a 2 KiB file) were a RecursionError traceback, in a file and in --set."""
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("epochs: 1\nprovenance: " + "[" * 900 + "]" * 900 + "\n")
+    _one_line(capsys, ["train", "--config", str(deep)], "nested more than 64 levels deep")
+    _one_line(capsys, ["train", "--config", QUICK, *FAST, "--set", "provenance=" + "[" * 3000 + "]" * 3000],
+              "--set provenance: value nested more than 64 levels deep")
+    ok = tmp_path / "ok.yaml"  # a provenance as export writes it nests a few levels: still read
+    ok.write_text("epochs: 1\nprovenance: " + "{a: " * 10 + "1" + "}" * 10 + "\n")
+    assert load_config(ok).provenance
+
+
+def test_a_file_where_the_store_folder_goes_is_one_line(tmp_path, capsys, monkeypatch):
+    """A file named mlruns in the working folder was a FileExistsError traceback from train, profile and ui."""
+    import subprocess
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "mlruns").write_text("x")
+    _one_line(capsys, ["train", "--config", QUICK, "--set", "epochs=1"],
+              "the default MLflow store: cannot use the MLflow store sqlite:///mlruns/mlflow.db (mlruns is a file")
+    _one_line(capsys, ["train", "--config", QUICK, "--set", "epochs=1", "--set",
+                       "tracking.tracking_uri=sqlite:///mlruns/x.db"], "tracking.tracking_uri: cannot use")
+    line = _one_line(capsys, ["profile", "--config", QUICK, "--steps", "1", "--warmup", "0", "--out", "p"],
+                     "the default MLflow store: cannot use")
+    assert not (tmp_path / "p").exists(), line  # said before the profile ran, not after it had written p/
+    assert (tmp_path / "mlruns").read_text() == "x"
+    # ui replaces its process with MLflow's server: run it as its own process
+    r = subprocess.run([sys.executable, "-m", "triaccel.cli", "ui", "--port", "1"], capture_output=True, text=True,
+                       timeout=120, env={**__import__("os").environ, "MLFLOW_TRACKING_URI": "sqlite:///mlruns/x.db"})
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "triaccel: error: MLFLOW_TRACKING_URI: cannot use the MLflow store sqlite:///mlruns/x.db "
+        "(mlruns is a file, not a folder)"], r.stderr
+
+
+def test_ui_on_a_file_that_is_no_store_is_one_line_and_starts_no_server(tmp_path):
+    """It printed its URL, then 68 lines of the server's traceback."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    (tmp_path / "n.db").write_text("not a db")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run([sys.executable, "-m", "triaccel.cli", "ui", "--port", str(port)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "MLFLOW_TRACKING_URI": "sqlite:///n.db"})
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "MLFLOW_TRACKING_URI: cannot use the MLflow store" in lines[0] \
+        and "MLflow UI" not in r.stdout, (r.stdout, r.stderr[-2000:])
+    assert (tmp_path / "n.db").read_text() == "not a db"
+
+
+def test_stdout_closed_by_its_reader_stops_quietly_and_closes_the_run_killed(tmp_path):
+    """`triaccel train ... | head -1` was a BrokenPipeError traceback and a FAILED run."""
+    import os
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    p = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "train", "--config", QUICK, "--set", "epochs=3"],
+                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env={k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"})
+    first = p.stdout.readline()
+    p.stdout.close()  # what head does after its line
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=300) == 141 and first.startswith(b"triaccel train:") and "Traceback" not in err, err
+    c = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    (run,) = c.search_runs([c.get_experiment_by_name("triaccel-train").experiment_id])
+    assert run.info.status == "KILLED" and "BrokenPipeError" in run.data.tags["failure_reason"]
+
+
+def test_provenance_is_an_artifact_never_params(tmp_path, monkeypatch):
+    """An exported config's provenance was logged as params after flattening (the filter looked for the
+    bare key): 36 provenance.* params, and a key MLflow refuses as a param name failed the run."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text('epochs: 1\nevaluate_test: false\nprovenance: {"what?*|": 1, metrics: {efficiency: 5}}\n')
+    assert main(["train", "--config", str(cfg)]) == 0
+    c = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    (run,) = c.search_runs([c.get_experiment_by_name("triaccel-train").experiment_id])
+    assert run.info.status == "FINISHED" and "epochs" in run.data.params
+    assert not [k for k in run.data.params if k.startswith("provenance")]
+
+
+def test_a_relative_store_is_recorded_absolute_and_reading_a_missing_store_creates_none(tmp_path, monkeypatch):
+    """The search state kept sqlite:///mlruns/mlflow.db, read against the current folder: `searches` and
+    `export` run elsewhere (TRIACCEL_TUNE_DIR) reported 0 trials, and created an empty store there."""
+    from triaccel.search.runner import absolute_store
+    from triaccel.tracking import client
+
+    monkeypatch.chdir(tmp_path)
+    assert absolute_store("sqlite:///mlruns/mlflow.db") == f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    assert absolute_store("sqlite:////abs/x.db") == "sqlite:////abs/x.db"
+    assert absolute_store("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
+    with pytest.raises(ConfigError, match="k: no MLflow store at"):
+        client(f"sqlite:///{tmp_path}/elsewhere/mlflow.db", key="k", write=False)
+    assert not (tmp_path / "elsewhere" / "mlflow.db").exists()

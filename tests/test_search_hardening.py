@@ -297,7 +297,8 @@ def _search(tmp_path, *args, env=None, timeout=120):
 @pytest.mark.parametrize("uri,why", [
     ("foo://x", "unknown MLflow store scheme 'foo' in foo://x"),
     ("http://127.0.0.1:{port}", "no MLflow server answers at http://127.0.0.1:{port}"),
-    ("sqlite:///space.yaml/mlflow.db", "cannot use the MLflow store sqlite:///space.yaml/mlflow.db (File exists"),
+    ("sqlite:///space.yaml/mlflow.db",
+     "cannot use the MLflow store sqlite:///space.yaml/mlflow.db (space.yaml is a file, not a folder)"),
 ])
 def test_unusable_tracking_store_is_one_line_and_takes_no_search_name(tmp_path, uri, why):
     """MLFLOW_TRACKING_URI that cannot be used: one line naming it, exit 2, before the search writes

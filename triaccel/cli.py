@@ -64,7 +64,9 @@ def cmd_train(args) -> int:
         stopped = interrupted(e)
         if logger is not None:
             try:
-                logger.finish("KILLED" if stopped else "FAILED", reason=f"{type(e).__name__}: {e}")
+                # stdout closed by its reader (`| head`): stopped by the user, as Ctrl-C is
+                logger.finish("KILLED" if stopped or isinstance(e, BrokenPipeError) else "FAILED",
+                              reason=f"{type(e).__name__}: {e}")
             except Exception:  # noqa: BLE001 -- a full store cannot take the status either: the error below says why
                 if full is None and not stopped:
                     raise
@@ -138,6 +140,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("triaccel: interrupted", file=sys.stderr)
         return 143 if errors.TERMINATED else 130
+    except BrokenPipeError:
+        # the reader of stdout went away (`triaccel train ... | head -1`): stop quietly, as a Unix tool
+        # killed by SIGPIPE does (was a traceback); stdout goes to /dev/null so the interpreter's final
+        # flush at exit does not raise again
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

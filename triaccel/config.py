@@ -87,6 +87,9 @@ class DataConfig:
         _check(0 <= self.split_seed < 2**32, "data.split_seed", f"must be in [0, 2**32), got {self.split_seed}")
 
 
+RESIZING_MODELS = {"efficientnet_b0"}  # the models that read model.resize (triaccel.models.MODELS)
+
+
 @dataclass
 class ModelConfig:
     name: str = "small_cnn"  # see triaccel.models.MODELS
@@ -96,6 +99,10 @@ class ModelConfig:
     def __post_init__(self):
         _check(self.resize is None or 0 < self.resize <= MAX_IMAGE_SIDE, "model.resize",
                f"must be in [1, {MAX_IMAGE_SIDE}] px, got {self.resize}")
+        # only EfficientNet-B0 resizes its input: on another model resize was ignored, and it also waived
+        # the model's least image size (data.image_size=1 then failed inside max_pool2d)
+        _check(self.resize is None or self.name in RESIZING_MODELS, "model.resize",
+               f"only {' and '.join(sorted(RESIZING_MODELS))} resizes its input; {self.name} would ignore it")
         _check(0 < self.width <= MAX_WIDTH, "model.width",
                f"must be in [1, {MAX_WIDTH}] (small_cnn's first-conv channels, mlp's hidden units), got {self.width}")
 
@@ -119,6 +126,9 @@ class OptimConfig:
         _check(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
         _check(self.warmup_epochs is None or self.warmup_epochs >= 0, "optim.warmup_epochs", "must be >= 0")
         _check(self.clip_grad_norm is None or self.clip_grad_norm > 0, "optim.clip_grad_norm", "must be > 0")
+        # torch's "Nesterov momentum requires a momentum and zero dampening" traceback at the first step
+        _check(not (self.nesterov and self.name == "sgd" and self.momentum == 0), "optim.nesterov",
+               "needs optim.momentum > 0 (Nesterov momentum with no momentum is plain SGD)")
         # `optim.betas=[a, b]` was "optim: '<=' not supported between instances of 'int' and 'str'" (no key)
         _check(len(self.betas) == 2 and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1
                                             for b in self.betas), "optim.betas",
@@ -349,6 +359,12 @@ class TrainConfig:
         _check(self.optim.warmup_epochs is None or self.optim.warmup_epochs <= self.epochs, "optim.warmup_epochs",
                f"must be <= epochs ({self.epochs}), got {self.optim.warmup_epochs}: the lr would still be "
                f"rising to optim.lr when the run ends")
+        bc = self.triaccel.batch
+        if self.mode == "triaccel" and bc.enabled:
+            # min_batch=200 trained at 96, max_batch=16 turned 64 into 16, both without a word
+            _check(bc.min_batch <= self.batch_size <= bc.max_batch, "batch_size",
+                   f"{self.batch_size} is outside the batch controller's bounds [triaccel.batch.min_batch "
+                   f"{bc.min_batch}, triaccel.batch.max_batch {bc.max_batch}]")
         dc = self.data
         if dc.image_size is not None:
             bad = check_image_size(self.model, dc.image_size)
@@ -478,10 +494,31 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
         if not all(part.strip() for part in k.split(".")):  # `--set =5`, `--set .epochs=1`: was ": unknown key"
             raise ConfigError(f"--set {item}: expected key=value with a dotted key such as optim.lr=0.1")
         try:
-            out.append((k.strip(), yaml.safe_load(v)))
+            value = yaml.safe_load(v)
         except yaml.YAMLError:
-            raise ConfigError(f"--set {item}: value is not valid YAML") from None
+            raise ConfigError(f"--set {item[:80]}: value is not valid YAML") from None
+        except RecursionError:
+            value = TOO_DEEP
+        if value is TOO_DEEP or _too_deep(value):
+            raise ConfigError(f"--set {k.strip()}: value nested more than {MAX_YAML_DEPTH} levels deep")
+        out.append((k.strip(), value))
     return out
+
+
+TOO_DEEP = object()
+MAX_YAML_DEPTH = 64  # a config nests 4 levels; 900 nested lists were a RecursionError traceback
+
+
+def _too_deep(data: Any) -> bool:
+    """More than MAX_YAML_DEPTH levels of mappings and lists (walked without recursion)."""
+    stack = [(data, 0)]
+    while stack:
+        d, depth = stack.pop()
+        if isinstance(d, (dict, list)):
+            if depth >= MAX_YAML_DEPTH:
+                return True
+            stack.extend((v, depth + 1) for v in (d.values() if isinstance(d, dict) else d))
+    return False
 
 
 MAX_YAML_BYTES = 16 * 2**20  # a config or space is a few KiB
@@ -543,6 +580,10 @@ def read_yaml(path: str | Path) -> dict:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
         raise ConfigError(f"{p}: not valid YAML{where}") from None
+    except RecursionError:
+        data = TOO_DEEP
+    if data is TOO_DEEP or _too_deep(data):
+        raise ConfigError(f"{p}: nested more than {MAX_YAML_DEPTH} levels deep: not a config file")
     if data is None:  # an empty file, only comments or `null`: most likely the wrong file, never "all defaults"
         raise ConfigError(f"{p}: is empty (no settings)")
     if not isinstance(data, dict):

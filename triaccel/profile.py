@@ -239,6 +239,10 @@ def cmd_profile(args) -> int:
     if args.warmup < 0:
         raise ConfigError(f"--warmup {args.warmup}: must be >= 0")
     cfg = load_config(args.config, args.set)
+    if cfg.tracking.enabled:  # an unusable store said before the profile runs, not after (as train does)
+        from triaccel.tracking import client
+
+        client(cfg.tracking.tracking_uri)
     if args.out is not None:  # --out naming a file was a FileExistsError traceback
         try:
             Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -26,10 +26,17 @@ DEFAULT_URI = "sqlite:///mlruns/mlflow.db"
 NUMERIC = (int, float)
 
 
-def tracking_uri(explicit: str | None = None) -> str:
+def tracking_uri(explicit: str | None = None, key: str = "tracking.tracking_uri") -> str:
     uri = explicit or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        folder = Path(uri[len("sqlite:///"):]).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # a file named mlruns here was a FileExistsError traceback from train, profile, ui
+            where = key if explicit else ("MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI")
+                                          else "the default MLflow store")
+            what = "is a file, not a folder" if folder.exists() and not folder.is_dir() else (e.strerror or str(e))
+            raise ConfigError(f"{where}: cannot use the MLflow store {uri} ({folder} {what})") from None
     return uri
 
 
@@ -56,7 +63,7 @@ def client(uri: str | None = None, key: str = "tracking.tracking_uri", write: bo
 
     if uri is None and key == "tracking.tracking_uri" and os.environ.get("MLFLOW_TRACKING_URI"):
         key = "MLFLOW_TRACKING_URI"  # the store came from the environment: name that, not the unset config key
-    u = tracking_uri(uri)
+    u = tracking_uri(uri, key)
     if u not in _USABLE:
         check_store(u, key, write)
         _USABLE.add(u)
@@ -120,6 +127,10 @@ def check_store(uri: str, key: str = "tracking.tracking_uri", write: bool = True
             reason = getattr(e, "reason", e)
             raise ConfigError(f"{key}: no MLflow server answers at {uri} ({reason})") from None
         return
+    if scheme == "sqlite" and not write:
+        db = Path(uri[len("sqlite:///"):])
+        if not db.is_file():  # a read (export, searches) created an empty store there and found nothing in it
+            raise ConfigError(f"{key}: no MLflow store at {db}")
     try:
         # A fresh sqlite store is created (schema migrations) by the first client: under a file lock,
         # so two searches started together on a new store do not race in the migrations (#14 case 8).
@@ -213,7 +224,9 @@ class MLflowLogger(Callback):
         run = self.client.create_run(exp, run_name=tc.run_name, tags=tags)
         self.run_id = run.info.run_id
         cfgd = to_dict(self.cfg)
-        log_params(self.client, self.run_id, {k: v for k, v in flatten(cfgd).items() if k != "provenance"})
+        # the provenance of an exported config is free text (keys MLflow refuses as param names, 36 params
+        # such as provenance.metrics.efficiency beside the run's own): in config.yaml only
+        log_params(self.client, self.run_id, flatten({k: v for k, v in cfgd.items() if k != "provenance"}))
         log_yaml_artifact(self.client, self.run_id, cfgd, "config.yaml")
 
     def on_epoch_end(self, trainer, metrics):
