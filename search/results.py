@@ -228,8 +228,10 @@ def pick(o: Outcome, objective: str, how: str) -> Pick:
             raise ConfigError(f"--pick {how}: expected best or pareto-N") from None
         front = pareto_front([{**r.row, "metrics": r.measured} for r in o.feasible])
         if not 0 <= i < len(front):
-            raise ConfigError(f"--pick {how}: the Pareto front has {len(front)} feasible trials "
-                              f"(pareto-0 .. pareto-{max(0, len(front) - 1)})")
+            n = len(front)
+            has = ("no feasible trial" if n == 0 else "1 feasible trial (pareto-0)" if n == 1
+                   else f"{n} feasible trials (pareto-0 .. pareto-{n - 1})")  # was "(pareto-0 .. pareto-0)" of 1 or 0
+            raise ConfigError(f"--pick {how}: the Pareto front has {has}")
         r = next(x for x in o.feasible if x.row["run_id"] == front[i]["run_id"])
         return Pick("trial", r.row, r.measured, f"entry {i} of the feasible Pareto front")
     raise ConfigError(f"--pick {how}: expected best or pareto-N")

@@ -365,6 +365,9 @@ def check_name(name: str, key: str) -> None:
 def check_resources(space: SearchSpace, address: str | None) -> None:
     """On the local Ray a search starts (no --address), a trial asking for more CPUs or GPUs
     than the machine has can never be scheduled: Tune would wait for it forever."""
+    from triaccel.search.trainable import trial_threads
+
+    trial_threads()  # every trial reads it: an unusable value is said once, here
     if address:
         return  # a cluster's resources are the cluster's to judge
     cpus = os.cpu_count() or 1

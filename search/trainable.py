@@ -60,6 +60,21 @@ class TuneReporter(Callback):
             tune.report(out, checkpoint=tune.Checkpoint.from_directory(d))
 
 
+def trial_threads() -> int:
+    """CPU threads of each trial's torch (TRIACCEL_TRIAL_THREADS, default 1: trials share the machine's
+    cores); checked by the driver before the search starts (an unusable value failed every trial)."""
+    from triaccel.errors import ConfigError
+
+    raw = os.environ.get("TRIACCEL_TRIAL_THREADS", "1")
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 4096:
+        raise ConfigError(f"TRIACCEL_TRIAL_THREADS={raw!r}: must be a whole number of threads in [1, 4096]")
+    return n
+
+
 def run_trial(config: dict, space_data: dict, shared: int, gpu_fraction: float, ref_curve: list | None = None,
               margin: float = 0.0) -> None:
     """One trial: ``config`` holds Optuna's sample; the fixed settings come from the space."""
@@ -75,7 +90,7 @@ def run_trial(config: dict, space_data: dict, shared: int, gpu_fraction: float, 
     cfg.evaluate_test = False  # the search selects on the validation split only
     if torch.cuda.is_available() and gpu_fraction < 1:
         cfg.memory_limit_fraction = gpu_fraction  # Ray's fractional GPUs are bookkeeping: cap for real
-    torch.set_num_threads(max(1, int(os.environ.get("TRIACCEL_TRIAL_THREADS", "1"))))
+    torch.set_num_threads(trial_threads())
     from triaccel.control import build_trainer
 
     trainer = build_trainer(cfg, [TuneReporter(shared, ref_curve, margin)], log=lambda *a: None,

@@ -402,3 +402,23 @@ def test_a_relative_store_is_recorded_absolute_and_reading_a_missing_store_creat
     with pytest.raises(ConfigError, match="k: no MLflow store at"):
         client(f"sqlite:///{tmp_path}/elsewhere/mlflow.db", key="k", write=False)
     assert not (tmp_path / "elsewhere" / "mlflow.db").exists()
+
+
+def test_betas_in_yaml_exponent_form_are_numbers():
+    """YAML 1.1 reads 9e-1 (no dot) as a string: optim.lr=5e-2 was taken, optim.betas=[9e-1, 0.999] refused."""
+    assert load_config(None, ["optim.name=adamw", "optim.betas=[9e-1, 0.999]"]).optim.betas == (0.9, 0.999)
+    with pytest.raises(ConfigError, match="optim.betas: two numbers in"):
+        load_config(None, ["optim.betas=[nan, 0.999]"])
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "1.5"])
+def test_trial_threads_variable_is_checked_by_the_driver(monkeypatch, value):
+    """TRIACCEL_TRIAL_THREADS=abc failed inside every trial; the driver says it once, before the search starts."""
+    from triaccel.search.runner import check_resources
+    from triaccel.search.space import load_space
+
+    monkeypatch.setenv("TRIACCEL_TRIAL_THREADS", value)
+    with pytest.raises(ConfigError, match=f"TRIACCEL_TRIAL_THREADS='{value}': must be a whole number"):
+        check_resources(load_space(str(ROOT / "spaces" / "quickstart.yaml")), None)
+    monkeypatch.setenv("TRIACCEL_TRIAL_THREADS", "2")
+    check_resources(load_space(str(ROOT / "spaces" / "quickstart.yaml")), None)

@@ -67,8 +67,11 @@ def test_pareto_picks_only_feasible_members():
     o = R.outcome(rows, [], BASE, epochs=4)
     assert R.pick(o, "pareto", "pareto-0").row["run_id"] == "acc"
     assert R.pick(o, "pareto", "pareto-1").row["run_id"] == "fast"
-    with pytest.raises(ConfigError, match="2 feasible trials"):
+    with pytest.raises(ConfigError, match=r"2 feasible trials \(pareto-0 \.\. pareto-1\)"):
         R.pick(o, "pareto", "pareto-2")
+    one = R.outcome(rows[:1], [], BASE, epochs=4)  # was "(pareto-0 .. pareto-0)"
+    with pytest.raises(ConfigError, match=r"has 1 feasible trial \(pareto-0\)$"):
+        R.pick(one, "pareto", "pareto-1")
 
 
 def test_search_cost_and_payback():

@@ -107,6 +107,15 @@ class ModelConfig:
                f"must be in [1, {MAX_WIDTH}] (small_cnn's first-conv channels, mlp's hidden units), got {self.width}")
 
 
+def _float_or_same(v: Any) -> Any:
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            pass
+    return v
+
+
 @dataclass
 class OptimConfig:
     name: Literal["sgd", "adamw"] = "sgd"
@@ -129,6 +138,9 @@ class OptimConfig:
         # torch's "Nesterov momentum requires a momentum and zero dampening" traceback at the first step
         _check(not (self.nesterov and self.name == "sgd" and self.momentum == 0), "optim.nesterov",
                "needs optim.momentum > 0 (Nesterov momentum with no momentum is plain SGD)")
+        # YAML 1.1 reads 9e-1 (no dot) as a string; a float key takes it (optim.lr=5e-2), so betas do too
+        self.betas = tuple(_float_or_same(b) for b in self.betas) if isinstance(self.betas, (list, tuple)) else \
+            self.betas
         # `optim.betas=[a, b]` was "optim: '<=' not supported between instances of 'int' and 'str'" (no key)
         _check(len(self.betas) == 2 and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1
                                             for b in self.betas), "optim.betas",
