@@ -45,9 +45,16 @@ def _gpu_count() -> int:
         return 0
 
 
+def on_gpu(space: SearchSpace) -> bool:
+    """Its trials train on a GPU: the machine has one and the space's train.device is not cpu. A CPU space
+    on a GPU machine asked each trial for a share of a GPU it never used, so its trials ran a GPU's
+    worth at a time instead of a core each, and were measured as GPU-sharing trials."""
+    return _gpu_count() > 0 and str(space.train.get("device", "auto")).strip().lower() != "cpu"
+
+
 def shared_trials(space: SearchSpace) -> int:
     """How many trials run at once on one device (recorded with every measurement)."""
-    if _gpu_count() > 0:
+    if on_gpu(space):
         return max(1, min(space.concurrency, int(math.floor(1 / space.gpus_per_trial + 1e-9))))
     return max(1, min(space.concurrency, os.cpu_count() or 1))
 
@@ -248,17 +255,17 @@ def _trainable(space: SearchSpace, shared: int, ref_curve: list | None):
     from triaccel.search.trainable import run_trial
 
     res = {"cpu": space.cpus_per_trial}
-    if _gpu_count() > 0:
+    if on_gpu(space):
         res["gpu"] = space.gpus_per_trial
     fn = tune.with_parameters(run_trial, space_data=space.raw, shared=shared,
-                              gpu_fraction=space.gpus_per_trial if _gpu_count() > 0 else 1.0,
+                              gpu_fraction=space.gpus_per_trial if on_gpu(space) else 1.0,
                               ref_curve=ref_curve, margin=space.margin)
     return tune.with_resources(fn, res)
 
 
 def gpu_share(space: SearchSpace, shared: int) -> float:
     """The share of the device a trial holds: its GPU fraction, or 1/shared on a CPU machine."""
-    return space.gpus_per_trial if _gpu_count() > 0 else 1.0 / max(1, shared)
+    return space.gpus_per_trial if on_gpu(space) else 1.0 / max(1, shared)
 
 
 def _tuner(space: SearchSpace, name: str, uri: str, shared: int, ref_curve: list | None):
@@ -349,7 +356,7 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
         _init_ray(address)
         _tuner(space, name, uri, shared, ref_curve).fit()
         check_finished(name, space.trials)
-        return finish(name, space, uri, default_confirm(confirm, shared))
+        return finish(name, space, uri, default_confirm(confirm, shared, on_gpu(space)))
 
 
 NAME_MAX = 100
@@ -375,7 +382,7 @@ def check_resources(space: SearchSpace, address: str | None) -> None:
         raise ConfigError(f"{space.source}: cpus_per_trial: {space.cpus_per_trial:g} is more than this machine's "
                           f"{cpus} CPUs: no trial could start")
     gpus = _gpu_count()
-    if gpus and space.gpus_per_trial > gpus:
+    if on_gpu(space) and space.gpus_per_trial > gpus:
         raise ConfigError(f"{space.source}: gpus_per_trial: {space.gpus_per_trial:g} is more than this machine's "
                           f"{gpus} GPUs: no trial could start")
 
@@ -426,7 +433,7 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
             tuner = _tuner(space, name, uri, state["shared"], ref_curve)
         tuner.fit()
         check_finished(name, space.trials)
-        return finish(name, space, uri, default_confirm(confirm, state["shared"]))
+        return finish(name, space, uri, default_confirm(confirm, state["shared"], on_gpu(space)))
 
 
 def restorable(name: str, space: SearchSpace) -> bool:
@@ -531,12 +538,12 @@ def _check_confirm(confirm: int | None) -> None:
         raise ConfigError(f"--confirm: invalid value {confirm} (a number of configurations, >= 0)")
 
 
-def default_confirm(confirm: int | None, shared: int) -> int:
+def default_confirm(confirm: int | None, shared: int, gpu: bool | None = None) -> int:
     """--confirm as given; by default the top 3 when trials shared a GPU, none otherwise (on a
     CPU-only machine trials share cores, not a device whose contention ranks them unevenly)."""
     if confirm is not None:
         return confirm
-    if shared > 1 and _gpu_count() > 0:
+    if shared > 1 and (_gpu_count() > 0 if gpu is None else gpu):
         print(f"{shared} trials shared the GPU: re-running the top {CONFIRM_WHEN_SHARED} (and the space's start "
               f"points) alone before export (--confirm 0 skips this)", flush=True)
         return CONFIRM_WHEN_SHARED

@@ -227,6 +227,35 @@ def test_confirm_defaults_to_top_three_only_when_trials_shared_a_gpu(monkeypatch
     assert runner.default_confirm(None, shared=1) == 0  # one trial at a time: already measured alone
 
 
+def test_a_cpu_space_on_a_gpu_machine_asks_for_no_gpu(monkeypatch):
+    """A space whose train.device is cpu, searched on a GPU machine: each trial asked Ray for a share of a
+    GPU it never used (its trials ran a GPU's worth at a time) and was accounted as sharing the GPU."""
+    from triaccel.errors import ConfigError
+    from triaccel.search import runner
+    from triaccel.search.space import parse_space
+
+    monkeypatch.setattr(runner, "_gpu_count", lambda: 1)  # a GPU machine (none in CI)
+    cpu = parse_space(dict(SPACE, concurrency=2, gpus_per_trial=4))  # more GPUs than the machine has: not asked
+    gpu = parse_space(dict(SPACE, concurrency=8, gpus_per_trial=0.25, train=dict(SPACE["train"], device="auto")))
+    assert not runner.on_gpu(cpu) and runner.on_gpu(gpu)
+    runner.check_resources(cpu, None)
+    with pytest.raises(ConfigError, match="gpus_per_trial: 4 is more than this machine's 1 GPUs"):
+        runner.check_resources(parse_space(dict(SPACE, gpus_per_trial=4, train=dict(SPACE["train"], device="cuda"))),
+                               None)
+    assert runner.shared_trials(cpu) == min(2, os.cpu_count()) and runner.shared_trials(gpu) == 4
+    assert runner.gpu_share(cpu, 2) == 0.5 and runner.gpu_share(gpu, 4) == 0.25
+    res = lambda sp: runner._trainable(sp, 2, None)  # noqa: E731 -- what Tune asks Ray for, per trial
+    from ray.tune.execution.placement_groups import PlacementGroupFactory
+
+    def asks(sp):
+        r = getattr(res(sp), "_resources", None) or {}
+        r = r.required_resources if isinstance(r, PlacementGroupFactory) else r
+        return dict(r)
+    assert "GPU" not in asks(cpu) and "gpu" not in asks(cpu)
+    assert (asks(gpu).get("GPU") or asks(gpu).get("gpu")) == 0.25
+    assert runner.default_confirm(None, 4, runner.on_gpu(cpu)) == 0  # trials shared cores, not a GPU
+
+
 def _searcher_trials(d, name):
     """Optuna's own trial list, from the searcher state Tune saved beside the experiment."""
     import pickle
