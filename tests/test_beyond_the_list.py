@@ -422,3 +422,16 @@ def test_trial_threads_variable_is_checked_by_the_driver(monkeypatch, value):
         check_resources(load_space(str(ROOT / "spaces" / "quickstart.yaml")), None)
     monkeypatch.setenv("TRIACCEL_TRIAL_THREADS", "2")
     check_resources(load_space(str(ROOT / "spaces" / "quickstart.yaml")), None)
+
+
+def test_profile_does_not_replace_an_earlier_profile_without_force(tmp_path, capsys):
+    """An earlier profile's report.txt in --out was replaced without a word (export refuses without --force)."""
+    out = tmp_path / "p"
+    out.mkdir()
+    (out / "report.txt").write_text("mine")
+    _one_line(capsys, ["profile", "--config", QUICK, "--steps", "1", "--warmup", "0", "--out", str(out),
+                       "--set", "tracking.enabled=false"], f"--out {out}: holds an earlier profile (report.txt)")
+    assert (out / "report.txt").read_text() == "mine"
+    assert main(["profile", "--config", QUICK, "--steps", "1", "--warmup", "0", "--out", str(out), "--force",
+                 "--set", "tracking.enabled=false"]) == 0
+    assert (out / "report.txt").read_text().startswith("variant")

@@ -228,6 +228,9 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
+REPORT_FILES = ("report.json", "report.txt", "trace.json", "top_ops.txt")  # what a profile writes in --out
+
+
 def cmd_profile(args) -> int:
     from triaccel.config import load_config
     from triaccel.errors import ConfigError
@@ -243,6 +246,12 @@ def cmd_profile(args) -> int:
         from triaccel.tracking import client
 
         client(cfg.tracking.tracking_uri)
+    if args.out is not None and not getattr(args, "force", False):
+        # an earlier profile's report in --out was replaced without a word (export refuses without --force)
+        old = [f for f in REPORT_FILES if (Path(args.out) / f).exists()]
+        if old:
+            raise ConfigError(f"--out {args.out}: holds an earlier profile ({', '.join(old)}): give another "
+                              f"folder, or --force to replace it")
     if args.out is not None:  # --out naming a file was a FileExistsError traceback
         try:
             Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -270,7 +279,7 @@ def cmd_profile(args) -> int:
                                                 for p in ("forward", "backward", "optimizer")},
                                              **{f"{name}.{p}_peak_gib": v["phases"][p]["peak_gib"]
                                                 for p in ("forward", "backward", "optimizer")}}, step=0)
-        for f in ("report.json", "report.txt", "trace.json", "top_ops.txt"):
+        for f in REPORT_FILES:
             if (out / f).is_file():
                 c.log_artifact(run.info.run_id, str(out / f))
         c.set_terminated(run.info.run_id)
@@ -285,4 +294,5 @@ def add_command(sub) -> None:
     p.add_argument("--steps", type=int, default=20, help="timed steps per measurement (medians)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--out", help="folder for report.json, report.txt, trace.json (default: a temp folder)")
+    p.add_argument("--force", action="store_true", help="replace an earlier profile's files in --out")
     p.set_defaults(func=cmd_profile)
