@@ -355,6 +355,7 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
         ref_curve = run_baselines(name, space, uri, shared)
         _init_ray(address)
         _tuner(space, name, uri, shared, ref_curve).fit()
+        take_back_signals()
         check_finished(name, space.trials)
         return finish(name, space, uri, default_confirm(confirm, shared, on_gpu(space)))
 
@@ -432,6 +433,7 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
             close_orphan_trials(name, uri)
             tuner = _tuner(space, name, uri, state["shared"], ref_curve)
         tuner.fit()
+        take_back_signals()
         check_finished(name, space.trials)
         return finish(name, space, uri, default_confirm(confirm, state["shared"], on_gpu(space)))
 
@@ -504,6 +506,21 @@ def _stopped(name: str, uri: str, left: str) -> None:
         c.set_terminated(r.info.run_id, status="KILLED")
     raise Interrupted(f"search '{name}' stopped before it finished{left}: `triaccel resume {name}` "
                       f"continues it") from None
+
+
+def take_back_signals() -> None:
+    """After Tune's fit(): Ctrl-C and SIGTERM stop the search again. Tune installs its own SIGINT handler for
+    fit() and leaves it in place when fit() returns normally (ray/tune/tune.py, _setup_signal_catching), so a
+    Ctrl-C or SIGTERM during the confirm runs only set an event nobody read: the search ran on, printed its
+    summary, closed its parent run FINISHED and exited 0."""
+    import signal
+    import threading
+
+    from triaccel.errors import stop_on_sigterm
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        stop_on_sigterm()
 
 
 @contextlib.contextmanager

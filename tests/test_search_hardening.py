@@ -673,3 +673,43 @@ def test_a_full_disk_met_while_stopping_is_said_as_full(tmp_path):
             except KeyboardInterrupt:
                 raise OSError(errno.ENOSPC, "No space left on device")
     assert not isinstance(ei.value, Interrupted)
+
+
+@pytest.mark.parametrize("sig,rc", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_in_the_confirm_runs_stops_the_search(tmp_path, sig, rc):
+    """Tune leaves its own SIGINT handler installed after fit() returns: Ctrl-C or SIGTERM during the confirm
+    runs set an event nobody read, and the search ran on to its summary, a FINISHED parent and exit 0
+    (a tester's report). Now: the exit status of a stop, runs closed KILLED, and resume finishes it."""
+    import signal
+
+    space = dict(SPACE, trials=2, concurrency=2)
+    space["train"] = dict(SPACE["train"], epochs=30)  # a confirm run long enough to be interrupted (~6 s)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "c",
+                             "--confirm", "1"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=_env(), start_new_session=True)
+    out = ""
+    try:
+        for line in proc.stdout:  # the driver prints this line, then trains the confirm run
+            out += line
+            if "re-running alone" in line:  # Ctrl-C reaches the process group; `kill PID` the driver alone
+                os.killpg(proc.pid, signal.SIGINT) if sig == "SIGINT" else proc.send_signal(signal.SIGTERM)
+                break
+        rest, err = proc.communicate(timeout=180)
+        out += rest
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "re-running alone" in out, out[-2000:]
+    assert proc.returncode == rc, out[-2000:] + err[-2000:]
+    assert "Traceback" not in err and "export the best" not in out, err[-2000:]
+    assert "`triaccel resume c` continues it" in err.strip().splitlines()[-1], err[-2000:]
+    _, all_runs = runs(tmp_path, "c")
+    assert [r.info.status for r in all_runs if r.data.tags["triaccel.role"] == "parent"] == ["KILLED"]
+    assert not [r for r in all_runs if r.info.status == "RUNNING"]
+
+    r = cli("resume", "c", "--confirm", "1", cwd=tmp_path)
+    assert r.returncode == 0 and "export the best" in r.stdout, r.stderr[-3000:]
+    _, all_runs = runs(tmp_path, "c")
+    assert [r.info.status for r in all_runs if r.data.tags["triaccel.role"] == "parent"] == ["FINISHED"]
+    assert [r.info.status for r in all_runs if r.data.tags["triaccel.role"] == "confirm"].count("FINISHED") == 1
