@@ -324,6 +324,12 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "") -> SearchS
                 raise _err(src, pk, "ordered pairs need uniform or loguniform on both sides")
             if p.high <= q.low:
                 raise _err(src, pk, f"high ({p.high}) must exceed {p.above}'s low ({q.low}): no value can lie above it")
+            top = q.high * (1 + EPS) if q.high > 0 else q.high + EPS  # the least value above the partner's highest
+            if p.high <= top:
+                # a draw of the partner above this high left no room: resolve() clamped this key to its high,
+                # below the partner, and every such trial failed in the trainer with a traceback
+                raise _err(src, pk, f"high ({p.high:g}) must exceed {p.above}'s high ({q.high:g}): a draw of "
+                                    f"{p.above} near its high would leave no value above it")
             if q.above:
                 raise _err(src, pk, "chains of `above` are not supported")
     # unordered pairs the trainer would reject for some draws

@@ -249,3 +249,20 @@ def test_a_start_point_at_the_least_above_value_resolves_to_it():
                                                      "triaccel.precision.tau_high": 60.0 * (1 + 1e-6)}]),
                     source="s.yaml")
     assert s.resolve({**s.start[0]})["triaccel.precision.tau_high"] == pytest.approx(60.0 * (1 + 1e-6), rel=1e-12)
+
+
+@pytest.mark.parametrize("high", [10.0, 1e3])
+def test_an_above_range_the_partner_can_outgrow_is_refused(high):
+    """tau_high up to 10 above tau_low up to 1000 passed the check (high above the partner's low); draws of tau_low
+    above 10 clamped tau_high to 10, below it, and every such trial failed with a traceback (a tester's report)."""
+    params = {"triaccel.precision.tau_low": {"distribution": "loguniform", "low": 1.0, "high": 1e3},
+              "triaccel.precision.tau_high": {"distribution": "loguniform", "low": 0.1, "high": high,
+                                              "above": "triaccel.precision.tau_low"}}
+    with pytest.raises(ConfigError, match=r"s.yaml: params.triaccel.precision.tau_high.above: high \((10|1000)\) "
+                                          r"must exceed triaccel.precision.tau_low's high \(1000\)"):
+        parse_space(_with(params=params), source="s.yaml")
+    params["triaccel.precision.tau_high"]["high"] = 1e4  # room above every draw: every resolved pair is ordered
+    s = parse_space(_with(params=params), source="s.yaml")
+    for u in (0.0, 0.5, 1.0):
+        v = s.resolve({"triaccel.precision.tau_low": 1e3, "triaccel.precision.tau_high" + FRAC_SUFFIX: u})
+        assert v["triaccel.precision.tau_high"] > v["triaccel.precision.tau_low"]
