@@ -321,6 +321,7 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
         raise ConfigError(f"search '{name}' already exists in {path}: `triaccel resume {name}` continues it, "
                           f"or choose another --name")
     uri = usable_store()  # before the search takes its name: an unusable store must leave nothing behind
+    name_unused_in_store(name, uri, path)
     shared = shared_trials(space)
     state = {"name": name, "space": space.raw, "source": space.source, "sha256": space.sha256, "tracking_uri": uri,
              "address": address, "created": datetime.datetime.now().isoformat(timespec="seconds"), "shared": shared}
@@ -388,6 +389,17 @@ def check_resources(space: SearchSpace, address: str | None) -> None:
                           f"{gpus} GPUs: no trial could start")
 
 
+def name_unused_in_store(name: str, uri: str, path: Path) -> None:
+    """A new search's name has no runs in the store: with its Tune state deleted (mlruns/tune/NAME), a new
+    search of that name took the old baseline and parent run and ranked the old trials with its own."""
+    from triaccel.search.callbacks import TAG_SEARCH
+
+    c, exp = _client(uri)
+    if c.search_runs([exp], filter_string=f"tags.`{TAG_SEARCH}` = '{name}'", max_results=1):
+        raise ConfigError(f"the MLflow store {uri} already holds runs of a search named '{name}' (its Tune state, "
+                          f"{path}, is gone): choose another --name, or delete those runs (triaccel ui) first")
+
+
 def usable_store() -> str:
     """The store the search will write (MLFLOW_TRACKING_URI, else sqlite:///mlruns/mlflow.db),
     checked once (``tracking.check_store`` through ``client``); an error names where it came from."""
@@ -423,6 +435,11 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
     print(f"triaccel resume '{name}': " + (f"restoring {tune_root() / name}" if restore else
                                           "Tune saved no trial yet: starting the trials"), flush=True)
     uri = state["tracking_uri"]
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        # moved or deleted: resume trained the baseline again into a new, empty store and reported the
+        # search finished with the trials it ran there
+        raise ConfigError(f"search '{name}': its MLflow store {uri[len('sqlite:///'):]} is gone (moved or deleted): "
+                          f"put it back to resume the search")
     with interruptible(name, uri):
         ref_curve = run_baselines(name, space, uri, state["shared"])  # those not finished before
         _init_ray(address or state.get("address"))

@@ -713,3 +713,48 @@ def test_a_signal_in_the_confirm_runs_stops_the_search(tmp_path, sig, rc):
     _, all_runs = runs(tmp_path, "c")
     assert [r.info.status for r in all_runs if r.data.tags["triaccel.role"] == "parent"] == ["FINISHED"]
     assert [r.info.status for r in all_runs if r.data.tags["triaccel.role"] == "confirm"].count("FINISHED") == 1
+
+
+def test_a_lost_tune_state_or_store_is_said_not_merged_or_started_anew(tmp_path):
+    """Two of a tester's finds, after one finished search: (1) with mlruns/tune/NAME deleted, a new search of
+    that name took the old baseline and parent run and ranked the old trials with its own ('6 finished' of a
+    3-trial space); (2) with the store moved away, resume trained into a new, empty store and exited 0."""
+    import shutil
+
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
+    r = cli("search", "--space", "space.yaml", "--name", "g", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    state = (tmp_path / "mlruns" / "tune" / "g" / "triaccel_search.json").read_text()
+    assert f"sqlite:///{tmp_path}/mlruns/mlflow.db" in state  # recorded absolute, not against the current folder
+    shutil.rmtree(tmp_path / "mlruns" / "tune" / "g")
+    _, before = runs(tmp_path, "g")
+    r = cli("search", "--space", "space.yaml", "--name", "g", cwd=tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "already holds runs of a search named 'g'" in lines[0], r.stderr
+    _, after = runs(tmp_path, "g")
+    assert len(after) == len(before) and not (tmp_path / "mlruns" / "tune" / "g" / "triaccel_search.json").exists()
+
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(dict(SPACE, train=dict(SPACE["train"], epochs=3))))
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "m"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                            start_new_session=True)
+    import signal
+
+    out = ""
+    try:
+        for line in proc.stdout:
+            out += line
+            if line.startswith("trial "):  # one trial in: stop it, as Ctrl-C does
+                os.killpg(proc.pid, signal.SIGINT)
+                break
+        proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out[-2000:]
+    (tmp_path / "mlruns" / "mlflow.db").rename(tmp_path / "moved.db")
+    r = cli("resume", "m", cwd=tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and f"its MLflow store {tmp_path}/mlruns/mlflow.db is gone" \
+        in lines[0], r.stderr[-2000:]
+    assert not (tmp_path / "mlruns" / "mlflow.db").exists()  # no new, empty store
