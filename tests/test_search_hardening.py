@@ -758,3 +758,51 @@ def test_a_lost_tune_state_or_store_is_said_not_merged_or_started_anew(tmp_path)
     assert r.returncode == 2 and len(lines) == 1 and f"its MLflow store {tmp_path}/mlruns/mlflow.db is gone" \
         in lines[0], r.stderr[-2000:]
     assert not (tmp_path / "mlruns" / "mlflow.db").exists()  # no new, empty store
+
+
+def test_an_mlflow_server_that_dies_mid_search_is_one_line_in_seconds(tmp_path):
+    """A real `mlflow server` (through `triaccel ui`), killed once a trial has reported: the search hung for
+    8.5 minutes in MLflow's retries, then a 260-line traceback (a tester's report). Now it stops within
+    seconds with one line saying how to continue."""
+    import signal
+    import urllib.request
+
+    port = _closed_port()
+    env = dict(_env(), MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/srv.db")
+    server = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "ui", "--port", str(port)], cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    proc = None
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
+                break
+            time.sleep(0.5)
+        space = dict(SPACE, trials=4, concurrency=1)
+        space["train"] = dict(SPACE["train"], epochs=3)
+        (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+        proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name",
+                                 "s"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=dict(_env(), MLFLOW_TRACKING_URI=f"http://127.0.0.1:{port}"),
+                                start_new_session=True)
+        out = ""
+        for line in proc.stdout:
+            out += line
+            if line.startswith("trial "):
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait(timeout=30)
+                t0 = time.monotonic()
+                break
+        assert "trial " in out, out[-2000:] + proc.stderr.read()[-2000:]
+        rest, err = proc.communicate(timeout=240)
+        took = time.monotonic() - t0
+    finally:
+        for p in (server, proc):
+            if p is not None and p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    lines = err.strip().splitlines()
+    assert proc.returncode == 2 and "Traceback" not in err, err[-3000:]
+    assert lines[-1].startswith(f"triaccel: error: search 's' stopped: the MLflow server at http://127.0.0.1:{port} "
+                                f"stopped answering") and "`triaccel resume s` continues" in lines[-1], err[-3000:]
+    assert took < 150, took  # MLflow's own retries took about 4 minutes a call
