@@ -81,3 +81,15 @@ def test_triaccel_train_logs_the_control_trajectory(tmp_path):
     assert run.data.params["mode"] == "triaccel"
     arts = [a.path for a in c.list_artifacts(run.info.run_id, "triaccel")]
     assert any(a.endswith(".json") for a in arts) and any(a.endswith(".csv") for a in arts), arts
+
+
+def test_reading_the_command_line_imports_no_torch():
+    """`triaccel --help` imported torch (through triaccel.profile) and took 2 s, and a Ctrl-C in those
+    seconds printed a traceback: the parser is built from light modules only."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", "import sys; from triaccel.cli import build_parser; build_parser(); "
+                        "print(sorted(m for m in ('torch', 'ray', 'mlflow', 'optuna') if m in sys.modules))"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr[-2000:])

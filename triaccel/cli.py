@@ -111,20 +111,34 @@ def build_parser() -> argparse.ArgumentParser:
         search_cli = None
     if search_cli is not None:
         search_cli.add_commands(sub)
-    try:
-        from triaccel import profile as profile_mod
-    except ImportError:  # pragma: no cover
-        profile_mod = None
-    if profile_mod is not None and hasattr(profile_mod, "add_command"):
-        profile_mod.add_command(sub)
+    # defined here, not in triaccel.profile: importing that (torch) made `triaccel --help` take 2 s, and a
+    # Ctrl-C in those seconds printed a traceback
+    pr = sub.add_parser("profile", help="find the real bottleneck of a config before tuning anything")
+    pr.add_argument("--config", required=True)
+    pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    pr.add_argument("--steps", type=int, default=20, help="timed steps per measurement (medians)")
+    pr.add_argument("--warmup", type=int, default=5)
+    pr.add_argument("--out", help="folder for report.json, report.txt, trace.json (default: a temp folder)")
+    pr.add_argument("--force", action="store_true", help="replace an earlier profile's files in --out")
+    pr.set_defaults(func=cmd_profile)
     return p
+
+
+def cmd_profile(args) -> int:
+    from triaccel.profile import cmd_profile as run
+
+    return run(args)
 
 
 def main(argv: list[str] | None = None) -> int:
     from triaccel import errors
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:  # Ctrl-C while the command line is read: no traceback
+        print("triaccel: interrupted", file=sys.stderr)
+        return 130
     errors.stop_on_sigterm()
     try:
         from triaccel import progress

@@ -285,14 +285,3 @@ def cmd_profile(args) -> int:
         c.set_terminated(run.info.run_id)
         print(f"MLflow run {run.info.run_id} in experiment 'triaccel-profile'")
     return 0
-
-
-def add_command(sub) -> None:
-    p = sub.add_parser("profile", help="find the real bottleneck of a config before tuning anything")
-    p.add_argument("--config", required=True)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--steps", type=int, default=20, help="timed steps per measurement (medians)")
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--out", help="folder for report.json, report.txt, trace.json (default: a temp folder)")
-    p.add_argument("--force", action="store_true", help="replace an earlier profile's files in --out")
-    p.set_defaults(func=cmd_profile)
