@@ -14,6 +14,7 @@ import datetime
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 import yaml
@@ -433,6 +434,7 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
         raise ConfigError(f"{tune_root() / name}: cannot write there (a read-only disk or no permission): resume "
                           f"continues the search in that folder")
     restore = restorable(name, space)  # before anything runs: a state that cannot finish is refused here
+    note_space_edits(state)
     print(f"triaccel resume '{name}': " + (f"restoring {tune_root() / name}" if restore else
                                           "Tune saved no trial yet: starting the trials"), flush=True)
     uri = state["tracking_uri"]
@@ -455,6 +457,22 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
         take_back_signals()
         check_finished(name, space.trials)
         return finish(name, space, uri, default_confirm(confirm, state["shared"], on_gpu(space)))
+
+
+def note_space_edits(state: dict) -> None:
+    """Resume continues the search as it started (its saved space); say so when the file has changed since
+    (edits were ignored without a word; a tester's report)."""
+    import hashlib
+
+    src = Path(state["source"])
+    try:
+        now = hashlib.sha256(src.read_bytes()).hexdigest()
+    except OSError:
+        return  # moved or deleted: the saved copy is all there is, nothing to tell apart
+    if state.get("sha256") and now != state["sha256"]:
+        print(f"triaccel: note: {src} has changed since the search started; resume continues the search as it "
+              f"started (the space saved with it): start a new search (--name) to search the edited space",
+              file=sys.stderr, flush=True)
 
 
 def restorable(name: str, space: SearchSpace) -> bool:
@@ -857,6 +875,16 @@ def confirm_top(name: str, space: SearchSpace, uri: str, k: int) -> None:
 MAX_EXPORT_EPOCHS = 100_000
 
 
+def search_finished(name: str, uri: str) -> bool:
+    """Whether the search ran to its end: its parent run is closed FINISHED (only ``finish`` does that)."""
+    from triaccel.search.callbacks import TAG_ROLE, TAG_SEARCH
+
+    c, exp = _client(uri)
+    parents = c.search_runs([exp], filter_string=f"tags.`{TAG_SEARCH}` = '{name}' and tags.`{TAG_ROLE}` = 'parent'",
+                            max_results=10)
+    return bool(parents) and all(r.info.status == "FINISHED" for r in parents)
+
+
 def export(name: str, out: str, how: str = "best", force: bool = False, epochs: int | None = None) -> Path:
     """Write the chosen configuration as a training YAML. It trains as many epochs as the search
     scored (its budget, often short) unless ``epochs`` sets the production length: the lr
@@ -875,6 +903,11 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
     o = read_outcome(name, space, uri)
     chosen = pick(o, space.objective, how)
     row, measured = chosen.row, chosen.measured
+    finished = search_finished(name, uri)
+    if not finished:  # exported without a word while the search ran, or after it was stopped (a tester's report)
+        print(f"triaccel: note: search '{name}' has not finished (still running, or stopped): this is the best of "
+              f"what it measured so far (provenance: search_finished: false); `triaccel resume {name}` finishes a "
+              f"stopped one", file=sys.stderr)
     if chosen.kind == "baseline":
         train = copy.deepcopy(dict(space.baseline_runs())[row["tags"]["triaccel.baseline"]])
     else:
@@ -900,7 +933,7 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
                                                              for x in o.ranked),
         "metrics": {k: float(v) for k, v in measured.items() if k in keep},
         "searched": row["values"], "searched_epochs": searched_epochs, "deleted_runs_ignored": o.deleted,
-        "space_file": state["source"], "space_sha256": state["sha256"],
+        "space_file": state["source"], "space_sha256": state["sha256"], "search_finished": finished,
         "exported_at": datetime.datetime.now().isoformat(timespec="seconds"), "git_revision": git_revision()}
     if o.reference is not None:
         ref = o.reference["metrics"]

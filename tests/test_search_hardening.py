@@ -708,11 +708,21 @@ def test_a_signal_in_the_confirm_runs_stops_the_search(tmp_path, sig, rc):
     assert [r.info.status for r in all_runs if r.data.tags["triaccel.role"] == "parent"] == ["KILLED"]
     assert not [r for r in all_runs if r.info.status == "RUNNING"]
 
+    # an export of the stopped search says so, in its output and its provenance (it said nothing)
+    r = cli("export", "c", "--out", "early.yaml", cwd=tmp_path)
+    assert r.returncode == 0 and "search 'c' has not finished" in r.stderr, r.stderr[-2000:]
+    assert yaml.safe_load((tmp_path / "early.yaml").read_text())["provenance"]["search_finished"] is False
+    # resume runs the space it saved, and says so when the file has changed since (edits were ignored silently)
+    (tmp_path / "space.yaml").write_text((tmp_path / "space.yaml").read_text() + "# edited\n")
     r = cli("resume", "c", "--confirm", "1", cwd=tmp_path)
     assert r.returncode == 0 and "export the best" in r.stdout, r.stderr[-3000:]
+    assert "space.yaml has changed since the search started" in r.stderr, r.stderr[-2000:]
     _, all_runs = runs(tmp_path, "c")
     assert [r.info.status for r in all_runs if r.data.tags["triaccel.role"] == "parent"] == ["FINISHED"]
     assert [r.info.status for r in all_runs if r.data.tags["triaccel.role"] == "confirm"].count("FINISHED") == 1
+    r = cli("export", "c", "--out", "done.yaml", cwd=tmp_path)
+    assert r.returncode == 0 and "has not finished" not in r.stderr, r.stderr[-2000:]
+    assert yaml.safe_load((tmp_path / "done.yaml").read_text())["provenance"]["search_finished"] is True
 
 
 def test_a_lost_tune_state_or_store_is_said_not_merged_or_started_anew(tmp_path):
