@@ -222,10 +222,10 @@ def pick(o: Outcome, objective: str, how: str) -> Pick:
         raise ConfigError("no finished trial to export" if not o.ranked else
                           "no trial is feasible and no baseline finished: nothing to export")
     if how.startswith("pareto-"):
-        try:
-            i = int(how.split("-", 1)[1])
-        except ValueError:
-            raise ConfigError(f"--pick {how}: expected best or pareto-N") from None
+        digits = how.split("-", 1)[1]
+        if not (digits.isascii() and digits.isdigit()):  # pareto-+0 and pareto- 1 were taken as pareto-0 and -1
+            raise ConfigError(f"--pick {how}: expected best or pareto-N")
+        i = int(digits)
         front = pareto_front([{**r.row, "metrics": r.measured} for r in o.feasible])
         if not 0 <= i < len(front):
             n = len(front)

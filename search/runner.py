@@ -316,6 +316,9 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     check_name(name if name is not None else space.name, "--name" if name is not None else
                f"{space.source}: name" if "name" in space.raw else "--name (default: the space file's name)")
     name = name if name is not None else space.name
+    if len(space.start) > space.trials:  # the points past the trial count never ran, without a word
+        print(f"triaccel: note: {space.source} has {len(space.start)} start points and the search runs "
+              f"{space.trials} trials: only the first {space.trials} run", file=sys.stderr, flush=True)
     check_resources(space, address)
     path = tune_root() / name
     if (path / STATE_FILE).exists():

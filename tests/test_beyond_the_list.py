@@ -435,3 +435,16 @@ def test_profile_does_not_replace_an_earlier_profile_without_force(tmp_path, cap
     assert main(["profile", "--config", QUICK, "--steps", "1", "--warmup", "0", "--out", str(out), "--force",
                  "--set", "tracking.enabled=false"]) == 0
     assert (out / "report.txt").read_text().startswith("variant")
+
+
+def test_more_start_points_than_trials_is_said(capsys, monkeypatch, tmp_path):
+    """`--trials 1` on a space with two start points ran only the first, without a word (a tester's report)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "foo://x")  # stops the search right after its checks
+    space = str(ROOT / "spaces" / "cifar10_resnet18.yaml")
+    assert main(["search", "--space", space, "--trials", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == f"triaccel: note: {space} has 2 start points and the search runs 1 trials: only the first 1 run"
+    assert err[1].startswith("triaccel: error: MLFLOW_TRACKING_URI: unknown MLflow store scheme")
+    assert main(["search", "--space", space, "--trials", "2"]) == 2
+    assert "note" not in capsys.readouterr().err

@@ -69,6 +69,9 @@ def test_pareto_picks_only_feasible_members():
     assert R.pick(o, "pareto", "pareto-1").row["run_id"] == "fast"
     with pytest.raises(ConfigError, match=r"2 feasible trials \(pareto-0 \.\. pareto-1\)"):
         R.pick(o, "pareto", "pareto-2")
+    for bad in ("pareto-+0", "pareto- 1", "pareto-", "pareto-٣"):  # +0 was taken as entry 0
+        with pytest.raises(ConfigError, match="expected best or pareto-N"):
+            R.pick(o, "pareto", bad)
     one = R.outcome(rows[:1], [], BASE, epochs=4)  # was "(pareto-0 .. pareto-0)"
     with pytest.raises(ConfigError, match=r"has 1 feasible trial \(pareto-0\)$"):
         R.pick(one, "pareto", "pareto-1")
