@@ -312,7 +312,7 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
             if not ok(v):  # NaN fails every comparison
                 raise ConfigError(f"--{k.replace('_', '-')}: invalid value {v} (must be {want})")
             space.raw[k] = v
-    space = parse_space(space.raw, source=space.source, sha256=space.sha256)
+    space = parse_space(space.raw, source=space.source, sha256=space.sha256, strict=True)
     check_name(name if name is not None else space.name, "--name" if name is not None else
                f"{space.source}: name" if "name" in space.raw else "--name (default: the space file's name)")
     name = name if name is not None else space.name

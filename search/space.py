@@ -226,7 +226,47 @@ def _num(src, key, v, what):
     return v
 
 
-def parse_space(data: dict, source: str = "<dict>", sha256: str = "") -> SearchSpace:
+def _span(train: dict, params: dict, key: str, default):
+    """The least and greatest value ``key`` takes in the search: its param's range or its fixed value."""
+    p = params.get(key)
+    if p is not None:
+        if p.distribution == "categorical":
+            nums = [c for c in p.choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
+            return (min(nums), max(nums)) if nums else (None, None)
+        return p.low, p.high
+    cur = train
+    for part in key.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return default, default
+        cur = cur[part]
+    return (cur, cur) if isinstance(cur, (int, float)) and not isinstance(cur, bool) else (None, None)
+
+
+def _check_batch_bounds(src: str, train: dict, params: dict) -> None:
+    """A batch_size the batch controller's bounds can refuse for some draws (the trainer refuses it, where it
+    once clamped it silently): said at the start, not trial by trial."""
+    keys = ("batch_size", "triaccel.batch.min_batch", "triaccel.batch.max_batch")
+    if not any(k in params for k in keys) or "mode" in params or train.get("mode") != "triaccel":
+        return
+    batch = train.get("triaccel", {}).get("batch", {}) if isinstance(train.get("triaccel"), dict) else {}
+    if isinstance(batch, dict) and batch.get("enabled") is False:
+        return
+    (b_lo, b_hi), (mn_lo, mn_hi), (mx_lo, mx_hi) = (_span(train, params, "batch_size", 96),
+                                                    _span(train, params, keys[1], 8), _span(train, params, keys[2], 4096))
+    if None in (b_lo, b_hi, mn_hi, mx_lo):
+        return
+    if b_hi > mx_lo:
+        raise _err(src, "params", f"batch_size can be {b_hi:g}, above triaccel.batch.max_batch's least value "
+                                  f"{mx_lo:g}: those draws would be refused; narrow one of the ranges")
+    if b_lo < mn_hi:
+        raise _err(src, "params", f"batch_size can be {b_lo:g}, below triaccel.batch.min_batch's greatest value "
+                                  f"{mn_hi:g}: those draws would be refused; narrow one of the ranges")
+
+
+def parse_space(data: dict, source: str = "<dict>", sha256: str = "", strict: bool = False) -> SearchSpace:
+    """``strict``: also the rules added after searches were saved with spaces they refuse (a new search's
+    space, from ``load_space`` or the CLI's overrides); a saved search's space is read as it was accepted,
+    so its finished trials can still be resumed and exported."""
     src = source
     if not isinstance(data, dict):
         raise ConfigError(f"{src}: top level must be a mapping")
@@ -325,7 +365,7 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "") -> SearchS
             if p.high <= q.low:
                 raise _err(src, pk, f"high ({p.high}) must exceed {p.above}'s low ({q.low}): no value can lie above it")
             top = q.high * (1 + EPS) if q.high > 0 else q.high + EPS  # the least value above the partner's highest
-            if p.high <= top:
+            if strict and p.high <= top:
                 # a draw of the partner above this high left no room: resolve() clamped this key to its high,
                 # below the partner, and every such trial failed in the trainer with a traceback
                 raise _err(src, pk, f"high ({p.high:g}) must exceed {p.above}'s high ({q.high:g}): a draw of "
@@ -339,6 +379,9 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "") -> SearchS
             lo, hi = params[lo_key], params[hi_key]
             if lo.high is not None and hi.low is not None and hi.low <= lo.high:
                 raise _err(src, f"params.{hi_key}", f"ranges overlap {lo_key}'s: add `above: {lo_key}`")
+
+    if strict:
+        _check_batch_bounds(src, train, params)
 
     def opt(key, typ, default, check=None, why=""):
         v = data.get(key, default)
@@ -471,7 +514,7 @@ def load_space(path: str) -> SearchSpace:
     p = resolve_space_path(path)
     raw = p.read_bytes()
     data = read_yaml(p)
-    return parse_space(data, source=str(path), sha256=hashlib.sha256(raw).hexdigest())
+    return parse_space(data, source=str(path), sha256=hashlib.sha256(raw).hexdigest(), strict=True)
 
 
 def space_overrides(space: SearchSpace, **kw: Any) -> SearchSpace:

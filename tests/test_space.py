@@ -260,9 +260,33 @@ def test_an_above_range_the_partner_can_outgrow_is_refused(high):
                                               "above": "triaccel.precision.tau_low"}}
     with pytest.raises(ConfigError, match=r"s.yaml: params.triaccel.precision.tau_high.above: high \((10|1000)\) "
                                           r"must exceed triaccel.precision.tau_low's high \(1000\)"):
-        parse_space(_with(params=params), source="s.yaml")
+        parse_space(_with(params=params), source="s.yaml", strict=True)  # a new search's space
+    # a search saved before the rule is read as it was accepted: its finished trials still resume and export
+    assert parse_space(_with(params=params), source="s.yaml").params["triaccel.precision.tau_high"].high == high
     params["triaccel.precision.tau_high"]["high"] = 1e4  # room above every draw: every resolved pair is ordered
     s = parse_space(_with(params=params), source="s.yaml")
     for u in (0.0, 0.5, 1.0):
         v = s.resolve({"triaccel.precision.tau_low": 1e3, "triaccel.precision.tau_high" + FRAC_SUFFIX: u})
         assert v["triaccel.precision.tau_high"] > v["triaccel.precision.tau_low"]
+
+
+@pytest.mark.parametrize("params,match", [
+    ({"batch_size": {"distribution": "categorical", "choices": [32, 64, 128]},
+      "triaccel.batch.max_batch": {"distribution": "int", "low": 64, "high": 256}},
+     "batch_size can be 128, above triaccel.batch.max_batch's least value 64"),
+    ({"batch_size": {"distribution": "categorical", "choices": [16, 64]},
+      "triaccel.batch.min_batch": {"distribution": "int", "low": 8, "high": 32, "step": 8}},
+     "batch_size can be 16, below triaccel.batch.min_batch's greatest value 32"),
+])
+def test_a_batch_size_its_searched_bounds_can_refuse_is_said_at_the_start(params, match):
+    """The trainer refuses a batch_size outside [min_batch, max_batch] (it clamped it silently): a space whose
+    draws can cross them was accepted and failed trial by trial (a reviewer's find)."""
+    data = {"train": {"mode": "triaccel", "epochs": 2, "batch_size": 48}, "params": params}
+    with pytest.raises(ConfigError, match="s.yaml: params: " + match):
+        parse_space(data, source="s.yaml", strict=True)
+    ok = {"train": {"mode": "triaccel", "epochs": 2, "batch_size": 64},
+          "params": {"batch_size": {"distribution": "categorical", "choices": [64, 128]},
+                     "triaccel.batch.max_batch": {"distribution": "int", "low": 128, "high": 256}}}
+    parse_space(ok, source="s.yaml", strict=True)
+    for f in sorted((ROOT / "spaces").glob("*.yaml")):  # every shipped space passes
+        load_space(str(f))

@@ -150,11 +150,11 @@ def _inside(path: str, folder: str) -> bool:
 def _walk_images(class_dir: Path, data_real: tuple = ()) -> list[Path]:
     """Image files of a class folder, its sub-folders included (as torchvision's ImageFolder), in a fixed order.
 
-    Links are followed, within limits that keep every image labelled by the folder it belongs to: a folder link
-    must stay inside the class folder (one to the class folder itself or an ancestor would add every class and
-    the test split; one elsewhere would add a folder the layout does not label), and a link to an image file may
-    point anywhere but into another class folder or split of the data set (``data_real``: the resolved train/
-    and test/ folders). A link that breaks these rules is refused, naming it and where it points."""
+    Links are followed, within limits that keep every image labelled by the folder it belongs to: a link (to a
+    folder or an image file) may point anywhere but to the class folder itself or an ancestor (a loop, or every
+    class and the test split under one label) and into another class folder or split of the data set
+    (``data_real``: the resolved train/ and test/ folders). A link that breaks these rules is refused, naming it
+    and where it points; an image reached from both splits is refused in ``_imagefolder``."""
     def fail(e: OSError):
         raise DataError(f"{e.filename}: cannot list folder ({e.strerror})")
 
@@ -169,9 +169,13 @@ def _walk_images(class_dir: Path, data_real: tuple = ()) -> list[Path]:
                 raise DataError(f"{link}: a folder link to {target}, which holds its class folder {class_dir} (every "
                                 f"image there, other classes and test/ included, would be labelled "
                                 f"{class_dir.name!r}): remove the link")
-            if not _inside(target, home):
-                raise DataError(f"{link}: a folder link to {target}, outside its class folder {class_dir} (its images "
-                                f"would be labelled {class_dir.name!r}): copy that folder in, or link its image files")
+            # a sub-folder linked in from elsewhere on disk (train/cat/batch2 -> /disk2/cat_batch2) is labelled by the
+            # class folder holding the link, as its image files linked one by one are; one into the data set's
+            # own train/ or test/ (or holding them) would relabel another class's or split's images
+            if not _inside(target, home) and any(_inside(target, d) or _inside(d, target) for d in data_real):
+                raise DataError(f"{link}: a folder link to {target}, inside (or holding) the data set's train/ or "
+                                f"test/ folder (another class's or split's images would be labelled "
+                                f"{class_dir.name!r}): remove the link")
         elif not _inside(target, home) and any(_inside(target, d) for d in data_real):
             raise DataError(f"{link}: a link to {target}, an image of another class folder or split (it would also "
                             f"be labelled {class_dir.name!r} here): remove the link")
@@ -265,25 +269,19 @@ def _list_images(split_dir: Path, classes: list | None, data_real: tuple = ()) -
 
 
 def _to_8bit(im):
-    """A 16-bit, 32-bit integer or float grayscale image rescaled to 8-bit ``L``: PIL's ``convert`` clips such
-    values at 255 (a 16-bit image came out almost all white). 16-bit modes scale 0..65535 to 0..255; ``I`` (the
-    mode of 16-bit PNGs in older PIL versions, and of 32-bit TIFFs) the same when its values fit in 16 bits, else
-    its full 32-bit range; ``F`` from 0..1 when its values lie there, else as 0..255 or 0..65535, whichever holds
-    them. Other modes are returned as they are."""
+    """A 16-bit grayscale image (``I;16*``, or ``I``: the mode of 16-bit PNGs in older PIL versions) rescaled
+    0..65535 -> 0..255 as 8-bit ``L``: PIL's ``convert`` clips such values at 255 (a 16-bit image came out almost
+    all white). Values above 65535 clip. A float image (``F``) is refused. Other modes are returned as they are."""
     from PIL import Image
 
     if not (im.mode.startswith("I;16") or im.mode in ("I", "F")):
         return im
+    if im.mode == "F":  # its range is the producer's choice (0..1, 0..255, ...): guessing it per image mislabelled
+        raise ValueError("a 32-bit float image: its value range is unknown; convert it to 8 or 16 bits")
+    # one fixed range for every image of a data set (scaling each by its own values made 0.99 and 1.01 decode
+    # to 252 and 1): 16-bit, PNG's grayscale depth; 12-bit data stored in 16 bits comes out dark
     a = np.asarray(im).astype(np.float64)
-    lo, hi = (float(a.min()), float(a.max())) if a.size else (0.0, 0.0)
-    if im.mode.startswith("I;16"):
-        top = 65535.0
-    elif im.mode == "I":
-        top = 65535.0 if hi <= 65535 else 2.0 ** 31 - 1
-    else:
-        top = 1.0 if lo >= 0 and hi <= 1.0 else 255.0 if hi <= 255 else 65535.0 if hi <= 65535 else max(hi, 1.0)
-    a = np.nan_to_num(a, nan=0.0, posinf=top, neginf=0.0)
-    return Image.fromarray(np.clip(np.rint(a * (255.0 / top)), 0, 255).astype(np.uint8), "L")
+    return Image.fromarray(np.clip(np.rint(a * (255.0 / 65535.0)), 0, 255).astype(np.uint8), "L")
 
 
 def _decode(path: Path, size: int) -> np.ndarray:
@@ -302,7 +300,8 @@ def _decode(path: Path, size: int) -> np.ndarray:
 def _cache_key(files: list[Path], labels: list[int], classes: list, size: int) -> str:
     """Everything a cached split depends on: the image side, the class list, and each file's path, label and
     identity on disk (size, mtime, inode), so that a new class, a re-labelled or an edited image is decoded anew."""
-    h = hashlib.sha1(f"v2|{size}|{len(files)}|{len(classes)}\n".encode())
+    # v3: 16-bit grayscale rescaled, not clipped white (a cache of the old decoding is not reused)
+    h = hashlib.sha1(f"v3|{size}|{len(files)}|{len(classes)}\n".encode())
     for c in classes:
         h.update(f"class|{c}\n".encode())
     for p, y in zip(files, labels):
@@ -376,6 +375,13 @@ def _imagefolder(cfg: DataConfig) -> tuple[ImageSet, ImageSet, list]:
     train_files, train_labels, classes = _list_images(root / "train", None, data_real)
     test_files, test_labels, _ = _list_images(root / "test", classes, data_real)
     _check_no_shared_folders([root / s / c for s in ("train", "test") for c in _class_dirs(root / s)])
+    # one file reached from both splits (train/cat/x.png and test/cat/x.png linking one pool image): a test
+    # image the model trained on
+    in_train = {os.path.realpath(f): f for f in train_files}
+    both = next((f for f in test_files if os.path.realpath(f) in in_train), None)
+    if both is not None:
+        raise DataError(f"{both}: the same image file ({os.path.realpath(both)}) as {in_train[os.path.realpath(both)]} "
+                        f"in train/: a test image would be trained on; remove one of the links")
     _check_fits(len(train_files) + len(test_files), 3, size)
     train = _decode_folder(train_files, train_labels, classes, size, cache_dir)
     test = _decode_folder(test_files, test_labels, classes, size, cache_dir)
