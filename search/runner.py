@@ -360,8 +360,8 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     with interruptible(name, uri):
         ref_curve = run_baselines(name, space, uri, shared)
         _init_ray(address)
-        _tuner(space, name, uri, shared, ref_curve).fit()
-        take_back_signals()
+        with own_signals():
+            _tuner(space, name, uri, shared, ref_curve).fit()
         check_finished(name, space.trials)
         return finish(name, space, uri, default_confirm(confirm, shared, on_gpu(space)))
 
@@ -401,8 +401,8 @@ def name_unused_in_store(name: str, uri: str, path: Path) -> None:
 
     c, exp = _client(uri)
     if c.search_runs([exp], filter_string=f"tags.`{TAG_SEARCH}` = '{name}'", max_results=1):
-        raise ConfigError(f"the MLflow store {uri} already holds runs of a search named '{name}' (its Tune state, "
-                          f"{path}, is gone): choose another --name, or delete those runs (triaccel ui) first")
+        raise ConfigError(f"the MLflow store {uri} already holds runs of a search named '{name}' (from another Tune "
+                          f"folder than {path.parent}, or one deleted): choose another --name")
 
 
 def usable_store() -> str:
@@ -415,6 +415,21 @@ def usable_store() -> str:
     client(uri, key=key)
     _client(uri)  # its experiment deleted in the MLflow UI: said here, before the search takes its name
     return absolute_store(uri)
+
+
+def sqlite_path(uri: str) -> Path:
+    """The file of a sqlite:/// store (its query, such as ?timeout=30, dropped)."""
+    return Path(uri[len("sqlite:///"):].split("?", 1)[0])
+
+
+def state_store(state: dict) -> str:
+    """The store a saved search writes. Searches saved before stores were recorded absolute hold the relative
+    default (sqlite:///mlruns/mlflow.db, read against the current folder): it is taken relative to the folder
+    holding mlruns/tune, where the search that wrote it ran."""
+    uri = state["tracking_uri"]
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + str(tune_root().parent.parent / uri[len("sqlite:///"):])
+    return uri
 
 
 def absolute_store(uri: str) -> str:
@@ -436,17 +451,17 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
     if not os.access(tune_root() / name, os.W_OK | os.X_OK):  # was pyarrow's traceback from Tune's restore
         raise ConfigError(f"{tune_root() / name}: cannot write there (a read-only disk or no permission): resume "
                           f"continues the search in that folder")
+    uri = state_store(state)
+    bounded_http_retries()
+    if uri.startswith("sqlite:///") and not sqlite_path(uri).is_file():
+        # moved or deleted: resume trained the baseline again into a new, empty store and reported the
+        # search finished with the trials it ran there
+        raise ConfigError(f"search '{name}': its MLflow store {sqlite_path(uri)} is gone (moved or deleted): "
+                          f"put it back to resume the search")
     restore = restorable(name, space)  # before anything runs: a state that cannot finish is refused here
     note_space_edits(state)
     print(f"triaccel resume '{name}': " + (f"restoring {tune_root() / name}" if restore else
                                           "Tune saved no trial yet: starting the trials"), flush=True)
-    uri = state["tracking_uri"]
-    bounded_http_retries()
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
-        # moved or deleted: resume trained the baseline again into a new, empty store and reported the
-        # search finished with the trials it ran there
-        raise ConfigError(f"search '{name}': its MLflow store {uri[len('sqlite:///'):]} is gone (moved or deleted): "
-                          f"put it back to resume the search")
     with interruptible(name, uri):
         ref_curve = run_baselines(name, space, uri, state["shared"])  # those not finished before
         _init_ray(address or state.get("address"))
@@ -456,8 +471,8 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
         else:  # stopped before Tune saved its first state (in the baselines or Tune's start-up): trials start now
             close_orphan_trials(name, uri)
             tuner = _tuner(space, name, uri, state["shared"], ref_curve)
-        tuner.fit()
-        take_back_signals()
+        with own_signals():
+            tuner.fit()
         check_finished(name, space.trials)
         return finish(name, space, uri, default_confirm(confirm, state["shared"], on_gpu(space)))
 
@@ -579,19 +594,26 @@ def server_gone(e: BaseException, uri: str) -> str | None:
     return None
 
 
-def take_back_signals() -> None:
-    """After Tune's fit(): Ctrl-C and SIGTERM stop the search again. Tune installs its own SIGINT handler for
-    fit() and leaves it in place when fit() returns normally (ray/tune/tune.py, _setup_signal_catching), so a
-    Ctrl-C or SIGTERM during the confirm runs only set an event nobody read: the search ran on, printed its
-    summary, closed its parent run FINISHED and exited 0."""
+@contextlib.contextmanager
+def own_signals():
+    """Around Tune's fit(): afterwards Ctrl-C and SIGTERM act as they did before it. Tune installs its own SIGINT
+    handler for fit() and leaves it in place when fit() returns normally (ray/tune/tune.py,
+    _setup_signal_catching), so a Ctrl-C or SIGTERM during the confirm runs only set an event nobody read: the
+    search ran on, printed its summary, closed its parent run FINISHED and exited 0. The SIGINT handler from
+    before fit() is put back (a caller's own, or SIG_IGN in a background job, stays theirs)."""
     import signal
     import threading
 
     from triaccel.errors import stop_on_sigterm
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        stop_on_sigterm()
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGINT) if main else None
+    try:
+        yield
+    finally:
+        if main and before is not None:
+            signal.signal(signal.SIGINT, before)
+            stop_on_sigterm()
 
 
 @contextlib.contextmanager
@@ -878,14 +900,15 @@ def confirm_top(name: str, space: SearchSpace, uri: str, k: int) -> None:
 MAX_EXPORT_EPOCHS = 100_000
 
 
-def search_finished(name: str, uri: str) -> bool:
-    """Whether the search ran to its end: its parent run is closed FINISHED (only ``finish`` does that)."""
+def search_finished(name: str, uri: str) -> bool | None:
+    """Whether the search ran to its end: its parent run is closed FINISHED (only ``finish`` does that);
+    None when the store holds no parent run to tell."""
     from triaccel.search.callbacks import TAG_ROLE, TAG_SEARCH
 
     c, exp = _client(uri)
     parents = c.search_runs([exp], filter_string=f"tags.`{TAG_SEARCH}` = '{name}' and tags.`{TAG_ROLE}` = 'parent'",
                             max_results=10)
-    return bool(parents) and all(r.info.status == "FINISHED" for r in parents)
+    return all(r.info.status == "FINISHED" for r in parents) if parents else None
 
 
 def export(name: str, out: str, how: str = "best", force: bool = False, epochs: int | None = None) -> Path:
@@ -901,16 +924,19 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
     state = read_state(name)
     space = parse_space(state["space"], source=state["source"], sha256=state["sha256"])
     p = check_out(out, force)
-    uri = state["tracking_uri"]
+    uri = state_store(state)
     _client(uri, write=False)  # export only reads the store: one on a read-only disk will do
     o = read_outcome(name, space, uri)
     chosen = pick(o, space.objective, how)
     row, measured = chosen.row, chosen.measured
     finished = search_finished(name, uri)
-    if not finished:  # exported without a word while the search ran, or after it was stopped (a tester's report)
+    if finished is False:  # exported without a word while the search ran, or after it was stopped (a tester's report)
         print(f"triaccel: note: search '{name}' has not finished (still running, or stopped): this is the best of "
               f"what it measured so far (provenance: search_finished: false); `triaccel resume {name}` finishes a "
               f"stopped one", file=sys.stderr)
+    elif finished is None:
+        print(f"triaccel: note: search '{name}' has no parent run in the store (deleted in the UI?): whether it "
+              f"finished is unknown (provenance: search_finished: null)", file=sys.stderr)
     if chosen.kind == "baseline":
         train = copy.deepcopy(dict(space.baseline_runs())[row["tags"]["triaccel.baseline"]])
     else:
@@ -1012,8 +1038,8 @@ def list_searches() -> list[dict]:
         item = {"name": name, "space": st["source"], "created": st["created"], "trials": st["space"].get("trials")}
         try:
             space = parse_space(st["space"], source=st["source"], sha256=st["sha256"])
-            _client(st["tracking_uri"], write=False)  # listing only reads
-            o = read_outcome(name, space, st["tracking_uri"])
+            _client(state_store(st), write=False)  # listing only reads
+            o = read_outcome(name, space, state_store(st))
             item.update(finished=len(o.ranked), failed=len(o.failed), feasible=len(o.feasible),
                         best=o.best.measured["efficiency"] if o.best else None,
                         ratio=o.best.ratio if o.best else None)

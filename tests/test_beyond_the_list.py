@@ -448,3 +448,33 @@ def test_more_start_points_than_trials_is_said(capsys, monkeypatch, tmp_path):
     assert err[1].startswith("triaccel: error: MLFLOW_TRACKING_URI: unknown MLflow store scheme")
     assert main(["search", "--space", space, "--trials", "2"]) == 2
     assert "note" not in capsys.readouterr().err
+
+
+def test_a_model_name_typo_with_resize_is_said_as_unknown_model(capsys):
+    """model.name=efficientnet-b0 model.resize=224 said 'efficientnet-b0 would ignore it' (a reviewer's find)."""
+    from triaccel.config import KNOWN_MODELS
+    from triaccel.models import MODELS
+
+    assert KNOWN_MODELS == set(MODELS)  # the config's list follows the models'
+    _one_line(capsys, ["train", "--config", QUICK, *FAST, "--set", "model.name=efficientnet-b0", "--set",
+                       "model.resize=224"], "model.name: unknown model 'efficientnet-b0'")
+
+
+def test_a_saved_relative_store_is_read_beside_its_tune_folder_and_reads_make_no_folder(tmp_path, monkeypatch):
+    """A search saved before stores were recorded absolute holds sqlite:///mlruns/mlflow.db: read from another
+    folder (TRIACCEL_TUNE_DIR) it was another, empty store, and export made an empty mlruns/ here."""
+    from triaccel.search.runner import state_store
+    from triaccel.tracking import client
+
+    monkeypatch.setenv("TRIACCEL_TUNE_DIR", str(tmp_path / "proj" / "mlruns" / "tune"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert state_store({"tracking_uri": "sqlite:///mlruns/mlflow.db"}) == \
+        f"sqlite:///{tmp_path}/proj/mlruns/mlflow.db"
+    assert state_store({"tracking_uri": "http://h:5000"}) == "http://h:5000"
+    with pytest.raises(ConfigError, match="no MLflow store at mlruns/mlflow.db"):
+        client("sqlite:///mlruns/mlflow.db", key="k", write=False)
+    assert not (elsewhere / "mlruns").exists()
+    with pytest.raises(ConfigError, match=f"no MLflow store at {tmp_path}/x.db"):  # the query is not the file
+        client(f"sqlite:///{tmp_path}/x.db?timeout=30", key="k", write=False)

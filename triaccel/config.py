@@ -88,6 +88,7 @@ class DataConfig:
 
 
 RESIZING_MODELS = {"efficientnet_b0"}  # the models that read model.resize (triaccel.models.MODELS)
+KNOWN_MODELS = {"resnet18", "efficientnet_b0", "small_cnn", "mlp"}  # an unknown name is said by build_model
 
 
 @dataclass
@@ -101,7 +102,7 @@ class ModelConfig:
                f"must be in [1, {MAX_IMAGE_SIDE}] px, got {self.resize}")
         # only EfficientNet-B0 resizes its input: on another model resize was ignored, and it also waived
         # the model's least image size (data.image_size=1 then failed inside max_pool2d)
-        _check(self.resize is None or self.name in RESIZING_MODELS, "model.resize",
+        _check(self.resize is None or self.name in RESIZING_MODELS or self.name not in KNOWN_MODELS, "model.resize",
                f"only {' and '.join(sorted(RESIZING_MODELS))} resizes its input; {self.name} would ignore it")
         _check(0 < self.width <= MAX_WIDTH, "model.width",
                f"must be in [1, {MAX_WIDTH}] (small_cnn's first-conv channels, mlp's hidden units), got {self.width}")

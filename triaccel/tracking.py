@@ -26,9 +26,10 @@ DEFAULT_URI = "sqlite:///mlruns/mlflow.db"
 NUMERIC = (int, float)
 
 
-def tracking_uri(explicit: str | None = None, key: str = "tracking.tracking_uri") -> str:
+def tracking_uri(explicit: str | None = None, key: str = "tracking.tracking_uri", write: bool = True) -> str:
+    """The store's URI; for a relative sqlite store about to be written, its folder made (a read makes none)."""
     uri = explicit or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+    if write and uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         folder = Path(uri[len("sqlite:///"):]).parent
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -63,7 +64,7 @@ def client(uri: str | None = None, key: str = "tracking.tracking_uri", write: bo
 
     if uri is None and key == "tracking.tracking_uri" and os.environ.get("MLFLOW_TRACKING_URI"):
         key = "MLFLOW_TRACKING_URI"  # the store came from the environment: name that, not the unset config key
-    u = tracking_uri(uri, key)
+    u = tracking_uri(uri, key, write)
     if u not in _USABLE:
         check_store(u, key, write)
         _USABLE.add(u)
@@ -128,7 +129,7 @@ def check_store(uri: str, key: str = "tracking.tracking_uri", write: bool = True
             raise ConfigError(f"{key}: no MLflow server answers at {uri} ({reason})") from None
         return
     if scheme == "sqlite" and not write:
-        db = Path(uri[len("sqlite:///"):])
+        db = Path(uri[len("sqlite:///"):].split("?", 1)[0])  # sqlite:///x.db?timeout=30: the file is x.db
         if not db.is_file():  # a read (export, searches) created an empty store there and found nothing in it
             raise ConfigError(f"{key}: no MLflow store at {db}")
     try:
