@@ -626,7 +626,7 @@ def interruptible(name: str, uri: str):
     except (KeyboardInterrupt, Interrupted) as e:
         _stopped(name, uri, f" ({e})" if isinstance(e, Interrupted) else "")
     except Exception as e:  # noqa: BLE001 -- MLflow, sqlite, Ray and the OS each say "full" their own way
-        gone = server_gone(e, uri)
+        gone = None if isinstance(e, TriAccelError) else server_gone(e, uri)  # a check's own line stays as it is
         if gone:  # the runs cannot be closed on a server that is down: resume closes and continues them
             raise TriAccelError(f"search '{name}' stopped: the MLflow server at {uri} stopped answering ({gone}); "
                                 f"start it again, then `triaccel resume {name}` continues the search") from None

@@ -675,8 +675,8 @@ def test_a_full_disk_met_while_stopping_is_said_as_full(tmp_path):
     assert not isinstance(ei.value, Interrupted)
 
 
-@pytest.mark.parametrize("sig,rc", [("SIGINT", 130), ("SIGTERM", 143)])
-def test_a_signal_in_the_confirm_runs_stops_the_search(tmp_path, sig, rc):
+@pytest.mark.parametrize("sig,rc", [("SIGINT", 130)])  # SIGTERM reaches the same handler (errors.stop_on_sigterm);
+def test_a_signal_in_the_confirm_runs_stops_the_search(tmp_path, sig, rc):  # it passed too, and costs CI a minute
     """Tune leaves its own SIGINT handler installed after fit() returns: Ctrl-C or SIGTERM during the confirm
     runs set an event nobody read, and the search ran on to its summary, a FINISHED parent and exit 0
     (a tester's report). Now: the exit status of a stop, runs closed KILLED, and resume finishes it."""
