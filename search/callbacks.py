@@ -62,11 +62,12 @@ class MLflowSearchCallback(Callback):
         self._parent = None
         self._runs: dict[str, str] = {}
         self._last_step: dict[str, int] = {}
+        self._closed: set[str] = set()  # trials whose runs a killed search had already closed FINISHED
 
     def __getstate__(self):  # pickled into Tune's experiment state: keep no client or cache
         d = dict(self.__dict__)
-        for k in ("_client", "_exp_id", "_parent", "_runs", "_last_step"):
-            d[k] = {} if k in ("_runs", "_last_step") else None
+        for k in ("_client", "_exp_id", "_parent", "_runs", "_last_step", "_closed"):
+            d[k] = {} if k in ("_runs", "_last_step") else set() if k == "_closed" else None
         return d
 
     @property
@@ -108,7 +109,12 @@ class MLflowSearchCallback(Callback):
             rid = found[0].info.run_id
             hist = c.get_metric_history(rid, "val_acc")
             self._last_step[tid] = max((m.step for m in hist), default=0)
-            c.update_run(rid, status="RUNNING")
+            if found[0].info.status == "FINISHED":
+                # it completed before the crash, after Tune's last periodic save: its run keeps its
+                # status and end time (Tune completes it again on resume without training it)
+                self._closed.add(tid)
+            else:
+                c.update_run(rid, status="RUNNING")
         else:
             values = self.space.resolve(trial.config)
             run = c.create_run(self._exp_id, run_name=f"{self.search}-{tid}", tags={
@@ -146,6 +152,8 @@ class MLflowSearchCallback(Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         rid = self.child_run_id(trial)
+        if trial.trial_id in self._closed:
+            return
         self._log_checkpoint_artifacts(trial, rid)
         self.client.set_terminated(rid, status="FINISHED")
 

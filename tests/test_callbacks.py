@@ -1,0 +1,47 @@
+"""The search's MLflow callback against a real sqlite store, driven as Tune drives it on resume,
+without Ray: a trial stands in as the two attributes the callback reads (trial_id, config)."""
+import time
+from types import SimpleNamespace
+
+from triaccel.search.callbacks import MLflowSearchCallback
+from triaccel.search.space import parse_space
+
+SPACE = {"name": "cb", "trials": 2, "baseline": {"batch_sizes": []},
+         "train": {"mode": "triaccel", "epochs": 1, "device": "cpu", "data": {"name": "digits"},
+                   "model": {"name": "small_cnn"}},
+         "params": {"triaccel.precision.tau_low": {"distribution": "loguniform", "low": 1e-8, "high": 1e-4}}}
+
+
+def _callback(tmp_path):
+    return MLflowSearchCallback(f"sqlite:///{tmp_path}/mlflow.db", "triaccel-search", "cb", parse_space(SPACE),
+                                shared=2)
+
+
+def test_a_trial_finished_before_a_crash_keeps_its_run_closed_on_resume(tmp_path):
+    """A trial completed after Tune's last periodic save, then the search was SIGKILLed: on resume Tune
+    completes it again (without training it). Its run kept FINISHED but was re-opened RUNNING and its end
+    time re-stamped (CI, 2026-11-30); a trial still running at the crash is re-opened as before."""
+    done = SimpleNamespace(trial_id="t_done", config={"triaccel.precision.tau_low": 1e-6}, checkpoint=None)
+    live = SimpleNamespace(trial_id="t_live", config={"triaccel.precision.tau_low": 1e-5}, checkpoint=None)
+    cb = _callback(tmp_path)
+    for t in (done, live):
+        cb.on_trial_start(0, [], t)
+        cb.on_trial_result(0, [], t, {"training_iteration": 1, "val_acc": 50.0, "efficiency": 1.0})
+    cb.on_trial_complete(0, [], done)
+    c = cb.client
+    rid_done, rid_live = cb.child_run_id(done), cb.child_run_id(live)
+    end = c.get_run(rid_done).info.end_time
+    time.sleep(0.05)
+
+    resumed = _callback(tmp_path)  # a new driver process: no cache, the runs found in the store
+    for t in (done, live):
+        resumed.on_trial_start(0, [], t)
+    assert resumed.child_run_id(done) == rid_done and resumed.child_run_id(live) == rid_live
+    assert c.get_run(rid_done).info.status == "FINISHED"
+    assert c.get_run(rid_live).info.status == "RUNNING"
+    resumed.on_trial_result(0, [], done, {"training_iteration": 1, "val_acc": 50.0, "efficiency": 1.0})
+    resumed.on_trial_complete(0, [], done)
+    resumed.on_trial_complete(0, [], live)
+    assert c.get_run(rid_done).info.end_time == end  # not closed a second time
+    assert c.get_run(rid_live).info.status == "FINISHED"
+    assert len(c.get_metric_history(rid_done, "val_acc")) == 1  # the replayed result is not logged twice
