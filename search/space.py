@@ -251,8 +251,8 @@ def _check_batch_bounds(src: str, train: dict, params: dict) -> None:
     batch = train.get("triaccel", {}).get("batch", {}) if isinstance(train.get("triaccel"), dict) else {}
     if isinstance(batch, dict) and batch.get("enabled") is False:
         return
-    (b_lo, b_hi), (mn_lo, mn_hi), (mx_lo, mx_hi) = (_span(train, params, "batch_size", 96),
-                                                    _span(train, params, keys[1], 8), _span(train, params, keys[2], 4096))
+    (b_lo, b_hi), (_, mn_hi), (mx_lo, _) = (_span(train, params, "batch_size", 96),
+                                            _span(train, params, keys[1], 8), _span(train, params, keys[2], 4096))
     if None in (b_lo, b_hi, mn_hi, mx_lo):
         return
     if b_hi > mx_lo:
