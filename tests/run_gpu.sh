@@ -22,6 +22,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp}
+mkdir -p "$out" || { echo "tests/run_gpu.sh: cannot make OUT folder $out" >&2; exit 2; }
 if [ -f .device/site.tar.xz ] && ! python3 -c "import ray, optuna, mlflow" 2>/dev/null; then
   mkdir -p /tmp/site && tar xJf .device/site.tar.xz -C /tmp/site && export PYTHONPATH=/tmp/site
 fi

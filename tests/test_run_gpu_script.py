@@ -52,3 +52,15 @@ def test_shards_split_the_tests(tmp_path):
     r1, r2 = _run(root, "1/2"), _run(root, "2/2")
     assert r1.returncode == 0 and "2 passed" in r1.stdout, r1.stdout + r1.stderr
     assert r2.returncode == 0 and "1 passed" in r2.stdout, r2.stdout + r2.stderr
+
+
+def test_out_folder_that_does_not_exist_yet_is_made(tmp_path):
+    """OUT=$OUT/cuda on the GPU machine: the script wrote its log into a folder nobody made and
+    printed 'no summary' for a part whose tests never ran (2026-12-01)."""
+    root = _tree(tmp_path, bad=False)
+    env = {k: v for k, v in os.environ.items() if k not in ("PART", "GPU_WORKERS", "PYTEST_ADDOPTS", "SHARD")}
+    env.update(PATH=f"{root / 'bin'}:{env['PATH']}", OUT=str(root / "out" / "part" / "cuda"), PYTEST_ARGS="tests")
+    r = subprocess.run(["bash", str(root / "tests" / "run_gpu.sh")], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and "3 passed" in r.stdout, r.stdout + r.stderr
+    assert (root / "out" / "part" / "cuda" / "gpu_tests.log").is_file()
