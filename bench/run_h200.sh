@@ -2,7 +2,7 @@
 # The H200 benchmark runs, in one place. Usage (on the GPU machine, repo root):
 #   bash bench/run_h200.sh OUTDIR SECTION...
 #   sections: kernels breakdown overhead probe paper hostprofile profile baselines elastic ablation search searchcapture
-#             space10 effnet224 (search, searchcapture, space10: need Ray etc., PYTHONPATH=/tmp/site)
+#             space10 space10finals effnet224 effnet224diag (search, searchcapture, space10: need Ray etc., PYTHONPATH=/tmp/site)
 # Expects the CIFAR-10 JPEG tree in /tmp/cifar (tar xzf cifar10-jpeg.tar.gz -C /tmp/cifar).
 # Each section writes OUTDIR/<name>.json (profile: OUTDIR/profile/) and a log; a failing section
 # does not stop the others. SECTION_TIMEOUT=S (seconds) stops any one section after S seconds.
@@ -41,6 +41,12 @@ for s in "$@"; do
                  --out "$out/h200_search_capture.json" ;;  # issue 13: a packed search, eager vs captured step
     space10)   python3 bench/search_vs_static.py --data-dir $data --imagefolder --space spaces/cifar10_resnet18.yaml \
                  --trials 4 --search-only --out "$out/h200_search_cifar10_space.json" --work /tmp/svs10 ;;  # issue 12
+    space10finals) python3 bench/search_vs_static.py --data-dir $data --imagefolder \
+                 --tuned bench/results/h200_search_cifar10_space.tuned.yaml --space spaces/cifar10_resnet18.yaml \
+                 --static fp16:96:captured,bf16:96:captured,fp16:256:captured --static-once fp16:512:captured,bf16:512 \
+                 --seeds 0,1,2 --epochs 8 --out "$out/h200_search_cifar10_space_finals.json" ;;  # issue 12: 3 seeds
+    effnet224diag) python3 bench/effnet224_diag.py --data-dir $data --subset 10 --epochs 2 --timeout 240 \
+                 --out "$out/h200_effnet224_diag.json" ;;  # issue 14 case 15: where the 224 px epoch goes
     effnet224) # issue 14 case 15: EfficientNet-B0 at 224 px from the shipped JPEG config, as a newcomer runs it:
                # two epochs each (the first minus the second is the warm-up: allocation, cuDNN autotuning,
                # Triton compilation, captures), static AMP then Tri-Accel with its defaults; then the
