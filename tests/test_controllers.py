@@ -8,7 +8,7 @@ GiB = 2**30
 
 
 def pc(**kw):
-    base = dict(tau_low=1e-6, tau_high=1e-4, hysteresis=0.1, min_dwell=0)
+    base = dict(scale="absolute", tau_low=1e-6, tau_high=1e-4, hysteresis=0.1, min_dwell=0)  # the paper's rule
     base.update(kw)
     return PrecisionConfig(**base)
 
@@ -62,7 +62,7 @@ def test_precision_state_roundtrip():
 
 
 def test_curvature_lr_scale_clips_negative_and_smooths():
-    c = CurvatureController(CurvatureConfig(alpha=0.1, tau_curv=5.0, ema=0.5), 2)
+    c = CurvatureController(CurvatureConfig(alpha=0.1, tau_curv=5.0, ema=0.5, lr_rule="paper"), 2)
     d = c.update([[10.0, 3.0], [-4.0, -1.0]])
     assert d.lam == (10.0, 0.0)
     assert d.lr_scale[0] == pytest.approx(1 / (1 + 0.1 * 10)) and d.lr_scale[1] == 1.0
@@ -73,7 +73,8 @@ def test_curvature_lr_scale_clips_negative_and_smooths():
 
 
 def bc(**kw):
-    base = dict(rho_low=0.5, rho_high=0.8, delta_up=16, delta_down=32, min_batch=8, max_batch=512, cooldown=0)
+    base = dict(policy="paper", rho_low=0.5, rho_high=0.8, delta_up=16, delta_down=32, min_batch=8, max_batch=512,
+                cooldown=0)
     base.update(kw)
     return BatchConfig(**base)
 

@@ -229,7 +229,9 @@ def test_relative_precision_thresholds_default_to_every_layer_16_bit_on_resnet18
 
     rel = from_dict(PrecisionConfig, {"scale": "relative"})
     assert (rel.tau_low, rel.tau_high) == (200.0, 1e4)
-    assert (from_dict(PrecisionConfig, {}).tau_low, from_dict(PrecisionConfig, {}).tau_high) == (1e-7, 1e-4)
+    assert (from_dict(PrecisionConfig, {}).tau_low, from_dict(PrecisionConfig, {}).tau_high) == (200.0, 1e4)  # default
+    ab = from_dict(PrecisionConfig, {"scale": "absolute"})
+    assert (ab.tau_low, ab.tau_high) == (1e-7, 1e-4)
     ratios = [44.2, 12.0, 8.97, 6.12, 4.28, 2.06, 1.51, 1.0, 0.5, 0.24, 0.11, 0.08, 111.8]
     dec = PrecisionController(rel, len(ratios), initial="fp16").update(ratios, 1)
     assert set(dec.levels) == {"fp16"}

@@ -10,7 +10,7 @@ from triaccel.precision import PrecisionRuntime
 from triaccel.models import SmallCNN
 from triaccel.trainer import Trainer
 
-TRI = {"mode": "triaccel", "triaccel.control_every": 4, "triaccel.curvature.every": 8,
+TRI = {"mode": "triaccel", "triaccel.policy": "paper", "triaccel.control_every": 4, "triaccel.curvature.every": 8,
        "triaccel.curvature.top_k": 2, "triaccel.curvature.max_iters": 3, "triaccel.batch.budget_gb": 0.004,
        "triaccel.batch.min_batch": 16, "triaccel.batch.delta_down": 16,
        "triaccel.precision.tau_low": 1e-6, "triaccel.precision.tau_high": 1e-3}

@@ -158,10 +158,12 @@ class PrecisionConfig:
 
     enabled: bool = True
     # absolute: the paper's rule, tau in units of the gradient variance itself (model-dependent);
-    # relative: tau in units of this window's median layer variance, so a tau range means the same
-    # for any model (tau_low above every ratio: every layer FP16; tau_high below every ratio: every
-    # layer FP32). On ResNet-18/CIFAR the layers' variances span ~4 decades (README).
-    scale: Literal["absolute", "relative"] = "absolute"
+    # relative (default; triaccel.policy: paper makes it absolute): tau in units of this window's
+    # median layer variance, so a tau range means the same for any model (tau_low above every
+    # ratio: every layer FP16; tau_high below every ratio: every layer FP32). On ResNet-18/CIFAR the
+    # layers' variances span ~4 decades (README). EfficientNet-B0 at 224 px with the absolute
+    # defaults put 54 of 82 layers in FP32: 5x the epoch time (bench/results/h200_effnet224_diag.json).
+    scale: Literal["absolute", "relative"] = "relative"
     # v < tau_low -> FP16; v >= tau_high -> FP32 (between: BF16). Unset: the scale's default,
     # absolute 1e-7 / 1e-4 (the paper's kind of value); relative 200 / 1e4: FP16 unless a layer's
     # variance is 200x the median layer's. ResNet-18/CIFAR-10 at the start of training (CPU, B=96):
@@ -193,7 +195,10 @@ class CurvatureConfig:
     """§3.2: top-k per-layer Hessian eigenvalues, per-layer lr eta_l = eta_0 / (1 + alpha * lambda_max)."""
 
     enabled: bool = True
-    method: Literal["power", "fisher"] = "power"  # power: Hessian subspace iteration; fisher: free proxy from grad stats
+    # power (triaccel.policy: paper): Hessian subspace iteration; fisher (default): a proxy from the
+    # gradient statistics the precision controller samples anyway, ~free (power's probe at 224 px on
+    # EfficientNet-B0 finished no epoch in 170 s on the H200)
+    method: Literal["power", "fisher"] = "fisher"
     # power: exact (one HVP per layer and vector: accurate, cost grows with the layer count), batched
     # (sign-mixed HVPs shared by all layers: k per iteration whatever the depth, biased ~1.4x), or auto:
     # exact up to 32 layers (ResNet-18: 21), batched above (EfficientNet-B0: 82 layers; exact at 224 px
@@ -208,7 +213,7 @@ class CurvatureConfig:
     # (1 + alpha * max(0, r_l - 1)) floored at min_lr_scale: layers at or below the median curvature
     # keep eta_0, sharper ones are damped, none below min_lr_scale * eta_0 (no layer starves).
     # tau_curv is compared with the same quantity (lambda, or r).
-    lr_rule: Literal["paper", "normalized"] = "paper"
+    lr_rule: Literal["paper", "normalized"] = "normalized"  # triaccel.policy: paper -> paper
     min_lr_scale: float = 0.1  # normalized: the smallest lr scale any layer gets
     tau_curv: float = 100.0  # lambda_max above this promotes the layer's precision one level
     top_k: int = 5  # paper: k = 5
@@ -242,7 +247,7 @@ class BatchConfig:
     # denominator) early in the run, in short windows of explore_steps, growing by grow_factor while
     # the cost falls (then trying smaller sizes if the first growth cost more), then hold it and switch
     # cuDNN autotuning on. The budget (rho_high of it) stays a cap; delta_down is the step under it.
-    policy: Literal["paper", "score"] = "paper"
+    policy: Literal["paper", "score"] = "score"  # triaccel.policy: paper -> paper
     grow_factor: float = 1.5  # score: size ladder B0 * grow_factor^k (multiples of 8)
     explore_steps: int = 10  # score: optimizer steps per measuring window while exploring
     explore_tol: float = 0.03  # score: a size must cut the cost by this fraction to count as better
@@ -272,8 +277,29 @@ class BatchConfig:
         _check(0 <= self.explore_tol < 1, "triaccel.batch.explore_tol", "must be in [0, 1)")
 
 
+# triaccel.policy: which rules the controllers follow where a config leaves them unset. score (the
+# defaults of the sections below): the rules aimed at the efficiency score, which the shipped spaces
+# search; paper: the paper's rules, these keys set where the config does not set them itself.
+PAPER_POLICY = {"precision": {"scale": "absolute"}, "curvature": {"method": "power", "lr_rule": "paper"},
+                "batch": {"policy": "paper"}}
+
+
+def apply_policy(data: dict) -> dict:
+    """``data`` (a triaccel section) with the keys its ``policy`` sets filled in where unset."""
+    if not isinstance(data, dict) or data.get("policy") != "paper":
+        return data
+    data = dict(data)
+    for section, keys in PAPER_POLICY.items():
+        sub = data.get(section, {})
+        if isinstance(sub, dict):  # anything else is refused, naming the key, by from_dict
+            data[section] = {**keys, **sub}
+    return data
+
+
 @dataclass
 class TriAccelConfig:
+    # score (default) or paper: the controllers' rules where a config leaves them unset (PAPER_POLICY)
+    policy: Literal["score", "paper"] = "score"
     control_every: int = 50  # T_ctrl, optimizer steps per control window
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     curvature: CurvatureConfig = field(default_factory=CurvatureConfig)
@@ -451,6 +477,8 @@ def from_dict(cls, data: dict, prefix: str = ""):
     for k in data:
         if k not in names:
             raise ConfigError(f"{prefix}{k}: unknown key (valid: {', '.join(sorted(names))})")
+    if cls is TriAccelConfig:
+        data = apply_policy(data)
     kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
     try:
         obj = cls(**kwargs)
