@@ -17,7 +17,7 @@ from pathlib import Path
 from ray.tune import Callback
 
 from triaccel.config import flatten
-from triaccel.search.space import START
+from triaccel.search.space import CONTROLLER_DEFAULTS, START
 from triaccel.tracking import client as make_client
 from triaccel.tracking import ensure_experiment, git_revision, log_metrics, log_params, log_yaml_artifact
 
@@ -51,6 +51,7 @@ class MLflowSearchCallback(Callback):
         self.search = search
         self.space_data = space.raw
         self.space_source, self.space_sha = space.source, space.sha256
+        self.controller_defaults = CONTROLLER_DEFAULTS  # a callback pickled by an older search has none
         self.objective = space.objective
         self.shared = shared
         self.gpu_share = gpu_share  # the share of the device each trial holds (its cost in device time)
@@ -72,9 +73,10 @@ class MLflowSearchCallback(Callback):
 
     @property
     def space(self):
-        from triaccel.search.space import parse_space
+        from triaccel.search.space import parse_space, pin_controller_defaults
 
-        return parse_space(self.space_data, source=self.space_source, sha256=self.space_sha)
+        raw = pin_controller_defaults(self.space_data, getattr(self, "controller_defaults", None))
+        return parse_space(raw, source=self.space_source, sha256=self.space_sha)
 
     @property
     def client(self):

@@ -20,7 +20,8 @@ from pathlib import Path
 import yaml
 
 from triaccel.errors import ConfigError, Interrupted, TriAccelError, disk_full, interrupted
-from triaccel.search.space import MAX_TRIALS, START, SearchSpace, load_space, parse_space
+from triaccel.search.space import (CONTROLLER_DEFAULTS, MAX_TRIALS, START, SearchSpace, load_space, parse_space,
+                                   pin_controller_defaults)
 from triaccel.tracking import tracking_uri as resolve_uri
 
 EXPERIMENT = "triaccel-search"
@@ -329,7 +330,8 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     name_unused_in_store(name, uri, path)
     shared = shared_trials(space)
     state = {"name": name, "space": space.raw, "source": space.source, "sha256": space.sha256, "tracking_uri": uri,
-             "address": address, "created": datetime.datetime.now().isoformat(timespec="seconds"), "shared": shared}
+             "address": address, "created": datetime.datetime.now().isoformat(timespec="seconds"), "shared": shared,
+             "controller_defaults": CONTROLLER_DEFAULTS}
     made = not path.exists()
     tmp = path / f".{STATE_FILE}.{os.getpid()}.tmp"
     try:
@@ -677,6 +679,7 @@ def read_state(name: str) -> dict:
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0][:120]
         raise ConfigError(f"search '{name}': its state {p} cannot be read ({why}); move that folder "
                           f"away to reuse the name, or start the search under another --name") from None
+    state["space"] = pin_controller_defaults(state["space"], state.get("controller_defaults"))
     return state
 
 

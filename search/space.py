@@ -263,6 +263,25 @@ def _check_batch_bounds(src: str, train: dict, params: dict) -> None:
                                   f"{mn_hi:g}: those draws would be refused; narrow one of the ranges")
 
 
+CONTROLLER_DEFAULTS = "score"  # recorded with each search: the controller rules its unset keys meant
+
+
+def pin_controller_defaults(raw: dict, saved_with: str | None) -> dict:
+    """A saved search's space as it was trained: searches saved before the score-aimed rules became the
+    defaults (no ``saved_with``) left unset keys to the paper's rules, so ``triaccel.policy: paper`` is set
+    where the space does not set a policy itself (resume and export would otherwise train and write rules
+    the search never measured)."""
+    if saved_with is not None or not isinstance(raw, dict) or not isinstance(raw.get("train"), dict):
+        return raw
+    raw = copy.deepcopy(raw)
+    tri = raw["train"].get("triaccel")
+    if tri is None:
+        raw["train"]["triaccel"] = {"policy": "paper"}
+    elif isinstance(tri, dict):
+        tri.setdefault("policy", "paper")
+    return raw
+
+
 def parse_space(data: dict, source: str = "<dict>", sha256: str = "", strict: bool = False) -> SearchSpace:
     """``strict``: also the rules added after searches were saved with spaces they refuse (a new search's
     space, from ``load_space`` or the CLI's overrides); a saved search's space is read as it was accepted,

@@ -45,3 +45,33 @@ def test_a_trial_finished_before_a_crash_keeps_its_run_closed_on_resume(tmp_path
     assert c.get_run(rid_done).info.end_time == end  # not closed a second time
     assert c.get_run(rid_live).info.status == "FINISHED"
     assert len(c.get_metric_history(rid_done, "val_acc")) == 1  # the replayed result is not logged twice
+
+
+def test_a_search_saved_before_the_score_defaults_resumes_and_exports_the_paper_rules(tmp_path, monkeypatch):
+    """The controllers' defaults moved from the paper's rules to the score-aimed ones (2026-12-01). A search
+    saved before that left unset keys to the paper's rules: read back (resume, export, the Tune callback
+    pickled with it), its space pins `triaccel.policy: paper`; a new search's state, or a space that names
+    its policy, is read as written."""
+    import json
+
+    from triaccel.search import runner
+
+    monkeypatch.setenv("TRIACCEL_TUNE_DIR", str(tmp_path / "tune"))
+    rules = lambda cfg: (cfg.triaccel.precision.scale, cfg.triaccel.curvature.method, cfg.triaccel.batch.policy)
+    for name, extra, space, want in [
+            ("old", {}, SPACE, ("absolute", "power", "paper")),
+            ("new", {"controller_defaults": "score"}, SPACE, ("relative", "fisher", "score")),
+            ("named", {}, {**SPACE, "train": {**SPACE["train"], "triaccel": {"policy": "score"}}},
+             ("relative", "fisher", "score"))]:
+        d = tmp_path / "tune" / name
+        d.mkdir(parents=True)
+        (d / "triaccel_search.json").write_text(json.dumps({"name": name, "space": space, "source": "s.yaml",
+                                                            "sha256": "", "tracking_uri": "sqlite:///x.db", **extra}))
+        state = runner.read_state(name)
+        assert rules(parse_space(state["space"]).train_config({})) == want, name
+    assert SPACE["train"].get("triaccel") is None  # the caller's dict is not changed
+
+    cb = _callback(tmp_path)
+    assert rules(cb.space.train_config({})) == ("relative", "fisher", "score")
+    del cb.controller_defaults  # as unpickled from an older search's Tune state
+    assert rules(cb.space.train_config({})) == ("absolute", "power", "paper")
