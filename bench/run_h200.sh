@@ -46,7 +46,8 @@ for s in "$@"; do
                  --static fp16:96:captured,bf16:96:captured,fp16:256:captured --static-once fp16:512:captured,bf16:512 \
                  --seeds 0,1,2 --epochs 8 --out "$out/h200_search_cifar10_space_finals.json" ;;  # issue 12: 3 seeds
     effnet224diag) python3 bench/effnet224_diag.py --data-dir $data --subset 10 --epochs 2 --timeout 240 \
-                 --out "$out/h200_effnet224_diag.json" ;;  # issue 14 case 15: where the 224 px epoch goes
+                 --variants amp,amp-nobench,score,score-nobatch,triaccel-off,triaccel-nocurv-nobench \
+                 --out "$out/h200_effnet224_diag_score.json" ;;  # issue 14 case 15: the new defaults at 224 px
     effnet224) # issue 14 case 15: EfficientNet-B0 at 224 px from the shipped JPEG config, as a newcomer runs it:
                # two epochs each (the first minus the second is the warm-up: allocation, cuDNN autotuning,
                # Triton compilation, captures), static AMP then Tri-Accel with its defaults; then the
