@@ -62,13 +62,16 @@ def cmd_searches(args) -> int:
     if not rows:
         print(f"no searches under {tune_root()}")
         return 0
-    print(f"{'name':<24} {'space':<34} {'created':<20} {'done':>5} {'failed':>6} {'best eff':>10} {'x base':>7}")
+    # best eff / x base / exports: what `triaccel export NAME` would write now (a trial, or the baseline
+    # when nothing feasible beat it), its efficiency and its ratio to the reference baseline
+    print(f"{'name':<24} {'space':<34} {'created':<20} {'done':>5} {'failed':>6} {'best eff':>10} {'x base':>7} "
+          f"{'exports':>8}")
     for r in rows:
         best = f"{r['best']:.2f}" if r.get("best") is not None else "-"
         ratio = f"{r['ratio']:.2f}" if r.get("ratio") is not None else "-"
         done = f"{r.get('finished', '?')}/{r.get('trials', '?')}"
         print(f"{r['name']:<24} {str(r['space'])[-34:]:<34} {r['created']:<20} {done:>5} {r.get('failed', '?'):>6} "
-              f"{best:>10} {ratio:>7}")
+              f"{best:>10} {ratio:>7} {r.get('exports') or '-':>8}")
         if r.get("error"):  # an unreadable state or store: say why the row has no figures
             print(f"  {r['name']}: {r['error']}")
     return 0

@@ -1031,6 +1031,8 @@ def check_out(out: str, force: bool) -> Path:
 
 
 def list_searches() -> list[dict]:
+    from triaccel.search.results import pick
+
     out = []
     for name in list_names():
         try:
@@ -1043,9 +1045,14 @@ def list_searches() -> list[dict]:
             space = parse_space(st["space"], source=st["source"], sha256=st["sha256"])
             _client(state_store(st), write=False)  # listing only reads
             o = read_outcome(name, space, state_store(st))
-            item.update(finished=len(o.ranked), failed=len(o.failed), feasible=len(o.feasible),
-                        best=o.best.measured["efficiency"] if o.best else None,
-                        ratio=o.best.ratio if o.best else None)
+            item.update(finished=len(o.ranked), failed=len(o.failed), feasible=len(o.feasible))
+            # what `export` would write (results.pick), not the best trial: where nothing feasible beat the
+            # baseline the listing showed a trial's score below it, or '-', while export wrote the baseline
+            with contextlib.suppress(ConfigError):  # nothing to export yet
+                chosen = pick(o, space.objective, "best")
+                ref = o.reference["metrics"]["efficiency"] if o.reference is not None else None
+                item.update(best=chosen.measured["efficiency"], exports=chosen.kind,
+                            ratio=chosen.measured["efficiency"] / ref if ref else None)
         except Exception as e:  # a store that moved: still list the search
             item["error"] = str(e)[:300]
         out.append(item)

@@ -204,6 +204,12 @@ def test_listing_and_name_collision_lose_nothing(searched):
     d, _ = searched
     r = cli("searches", cwd=d)
     assert r.returncode == 0 and "t1" in r.stdout and "/6" in r.stdout
+    # the listing's best is what export writes (it showed the best trial even where export wrote the baseline)
+    row = next(ln.split() for ln in r.stdout.splitlines() if ln.startswith("t1 "))
+    e = cli("export", "t1", "--out", "listed.yaml", cwd=d)
+    assert e.returncode == 0, e.stderr[-2000:]
+    prov = yaml.safe_load((d / "listed.yaml").read_text())["provenance"]
+    assert row[-1] == prov["exported"] and row[-3] == f"{prov['metrics']['efficiency']:.2f}", (row, prov)
     _, before = trial_runs(d, "t1")
     r = cli("search", "--space", "space.yaml", "--name", "t1", cwd=d)
     assert r.returncode == 2 and "already exists" in r.stderr and "Traceback" not in r.stderr
