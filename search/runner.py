@@ -981,7 +981,10 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
               f"# Trains {cfg.epochs} epochs, the search's budget: for a production run add --set epochs=N "
               f"(the lr schedule stretches to N), or export with --epochs N.\n")
     text = (f"# Exported by `triaccel export {name}` from MLflow run {row['run_id']} ({chosen.reason}).\n"
-            + length + f"# Train with: triaccel train --config {p}\n" + yaml.safe_dump(data, sort_keys=False))
+            + length + f"# Train with: triaccel train --config {p}\n"
+            + ("# Every key is written out: triaccel.policy fills only keys a config leaves unset, so changing it here "
+               "changes no rule; change the keys themselves.\n" if cfg.mode == "triaccel" else "")
+            + yaml.safe_dump(data, sort_keys=False))
     # a temporary name of this process's own (a fixed OUT.tmp replaced and then deleted a user's file of
     # that name, and two exports at once wrote the same one); without --force the name is claimed
     # exclusively first: two exports at once both passed check_out and the second replaced the first's file

@@ -17,11 +17,11 @@ A space file (``spaces/*.yaml``)::
       capture: [false, true]      # eager and/or captured step (CUDA graphs); default [false]: eager
       accuracy_margin: 0.5        # pp a trial may fall below the reference baseline (default 0.5)
     start:                        # trials Optuna runs first, as given (any subset of the params;
-      - {triaccel.precision.tau_low: 1.0e-5}   # the rest sampled): a known-good point to beat
-    params:                       # the searched keys (dotted TrainConfig paths)
-      triaccel.precision.tau_low:  {distribution: loguniform, low: 1.0e-9, high: 1.0e-5}
-      triaccel.precision.tau_high: {distribution: loguniform, low: 1.0e-7, high: 1.0e-2,
-                                    above: triaccel.precision.tau_low}
+      - {triaccel.precision.tau_low: 1000.0}   # the rest sampled): a known-good point to beat
+    params:                       # the searched keys (dotted TrainConfig paths); tau in units of the median
+      triaccel.precision.tau_low:  {distribution: loguniform, low: 1.0e-2, high: 1.0e+3}  # layer variance
+      triaccel.precision.tau_high: {distribution: loguniform, low: 1.0e-1, high: 1.0e+4,  # (scale: relative,
+                                    above: triaccel.precision.tau_low}                    # the default)
 
 Distributions and their bounds (all bounds inclusive):
 - ``uniform``: low <= x <= high;
@@ -271,9 +271,11 @@ def pin_controller_defaults(raw: dict, saved_with: str | None) -> dict:
     defaults (no ``saved_with``) left unset keys to the paper's rules, so ``triaccel.policy: paper`` is set
     where the space does not set a policy itself (resume and export would otherwise train and write rules
     the search never measured)."""
-    if saved_with is not None or not isinstance(raw, dict) or not isinstance(raw.get("train"), dict):
+    if saved_with is not None or not isinstance(raw, dict) or not isinstance(raw.get("train", {}), (dict, type(None))):
         return raw
     raw = copy.deepcopy(raw)
+    if raw.get("train") is None:  # `train:` left empty reads as {} (parse_space)
+        raw["train"] = {}
     tri = raw["train"].get("triaccel")
     if tri is None:
         raw["train"]["triaccel"] = {"policy": "paper"}

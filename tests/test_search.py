@@ -210,6 +210,8 @@ def test_listing_and_name_collision_lose_nothing(searched):
     assert e.returncode == 0, e.stderr[-2000:]
     prov = yaml.safe_load((d / "listed.yaml").read_text())["provenance"]
     assert row[-1] == prov["exported"] and row[-3] == f"{prov['metrics']['efficiency']:.2f}", (row, prov)
+    # a Tri-Accel export writes every rule out, so its policy key is inert there: the header says so
+    assert ("triaccel.policy fills only keys" in (d / "listed.yaml").read_text()) == (prov["exported"] == "trial")
     _, before = trial_runs(d, "t1")
     r = cli("search", "--space", "space.yaml", "--name", "t1", cwd=d)
     assert r.returncode == 2 and "already exists" in r.stderr and "Traceback" not in r.stderr
