@@ -48,7 +48,8 @@ for s in "$@"; do
     effnet224diag) python3 bench/effnet224_diag.py --data-dir $data --subset 10 --epochs 2 --timeout 240 \
                  --variants amp,amp-nobench,score,score-nobatch,triaccel-off,triaccel-nocurv-nobench \
                  --out "$out/h200_effnet224_diag_score.json" ;;  # issue 14 case 15: the new defaults at 224 px
-    effnet224) # issue 14 case 15: EfficientNet-B0 at 224 px from the shipped JPEG config, as a newcomer runs it:
+    effnet224) # issue 14 case 15: EfficientNet-B0 at 224 px from the shipped JPEG config, as a newcomer runs it
+               # (bench/results/h200_effnet224.log was recorded under the paper's rules, the defaults until 2026-12-01):
                # two epochs each (the first minus the second is the warm-up: allocation, cuDNN autotuning,
                # Triton compilation, captures), static AMP then Tri-Accel with its defaults; then the
                # profile, which reports the first step apart
