@@ -414,9 +414,17 @@ def usable_store() -> str:
 
     key = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "the MLflow store"
     uri = resolve_uri(None)  # the folder of a sqlite path that cannot be made: one line naming where it came from
-    client(uri, key=key)
-    _client(uri)  # its experiment deleted in the MLflow UI: said here, before the search takes its name
-    return absolute_store(uri)
+    # checked as the search will use it (absolute): MLflow builds one store per URI string, and checking the
+    # relative spelling first built two, ~1.5 s each (schema checks) at every search's start
+    absolute = absolute_store(uri)
+    try:
+        client(absolute, key=key)
+        _client(absolute)  # its experiment deleted in the MLflow UI: said here, before the search takes its name
+    except ConfigError:
+        client(uri, key=key)  # the same failure, said with the path as it was given
+        _client(uri)
+        raise
+    return absolute
 
 
 def sqlite_path(uri: str) -> Path:
