@@ -57,19 +57,21 @@ class MLflowSearchCallback(Callback):
         self.gpu_share = gpu_share  # the share of the device each trial holds (its cost in device time)
         self._reset()
 
+    @staticmethod
+    def _fresh() -> dict:
+        """This process's client and caches: never pickled, rebuilt empty on unpickling (a callback
+        pickled by an older version lacks the newer ones)."""
+        return {"_client": None, "_exp_id": None, "_parent": None, "_runs": {}, "_last_step": {},
+                "_closed": set()}  # _closed: trials whose runs a killed search had already closed FINISHED
+
     def _reset(self):
-        self._client = None
-        self._exp_id = None
-        self._parent = None
-        self._runs: dict[str, str] = {}
-        self._last_step: dict[str, int] = {}
-        self._closed: set[str] = set()  # trials whose runs a killed search had already closed FINISHED
+        self.__dict__.update(self._fresh())
 
     def __getstate__(self):  # pickled into Tune's experiment state: keep no client or cache
-        d = dict(self.__dict__)
-        for k in ("_client", "_exp_id", "_parent", "_runs", "_last_step", "_closed"):
-            d[k] = {} if k in ("_runs", "_last_step") else set() if k == "_closed" else None
-        return d
+        return {**self.__dict__, **self._fresh()}
+
+    def __setstate__(self, state):
+        self.__dict__.update({**state, **self._fresh()})
 
     @property
     def space(self):

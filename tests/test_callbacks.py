@@ -83,3 +83,22 @@ def test_a_search_saved_before_the_score_defaults_resumes_and_exports_the_paper_
     assert rules(cb.space.train_config({})) == ("relative", "fisher", "score")
     del cb.controller_defaults  # as unpickled from an older search's Tune state
     assert rules(cb.space.train_config({})) == ("absolute", "power", "paper")
+
+
+def test_a_callback_pickled_by_an_older_version_unpickles_with_every_cache(tmp_path):
+    """Tune restores its callbacks from the pickle a search saved: one pickled before a cache existed
+    (here `_closed`) raised AttributeError at its first trial on resume."""
+    import pickle
+
+    cb = _callback(tmp_path)
+    state = cb.__getstate__()
+    del state["_closed"], state["controller_defaults"]  # as an older version pickled it
+    old = MLflowSearchCallback.__new__(MLflowSearchCallback)  # what pickle.loads does with that state:
+    setstate = getattr(old, "__setstate__", None)
+    setstate(state) if setstate is not None else old.__dict__.update(state)
+    t = SimpleNamespace(trial_id="t1", config={"triaccel.precision.tau_low": 1e-6}, checkpoint=None)
+    old.on_trial_start(0, [], t)
+    old.on_trial_complete(0, [], t)
+    assert old.client.get_run(old.child_run_id(t)).info.status == "FINISHED"
+    again = pickle.loads(pickle.dumps(old))
+    assert again._runs == {} and again._closed == set() and again._client is None
