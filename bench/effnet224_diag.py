@@ -46,6 +46,8 @@ VARIANTS = {  # name -> --set overrides on top of the EfficientNet-B0 224 px con
     # the defaults from 2026-12-01 (score-aimed rules: relative tau, Fisher curvature, score batch)
     "score": ["mode=triaccel"],
     "score-nobatch": ["mode=triaccel", "triaccel.batch.enabled=false"],
+    "score-nocurv": ["mode=triaccel", "triaccel.batch.enabled=false", "triaccel.curvature.enabled=false"],
+    "score-noprec": ["mode=triaccel", "triaccel.batch.enabled=false", "triaccel.precision.enabled=false"],
 }
 
 

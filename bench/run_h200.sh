@@ -46,7 +46,7 @@ for s in "$@"; do
                  --static fp16:96:captured,bf16:96:captured,fp16:256:captured --static-once fp16:512:captured,bf16:512 \
                  --seeds 0,1,2 --epochs 8 --out "$out/h200_search_cifar10_space_finals.json" ;;  # issue 12: 3 seeds
     effnet224diag) python3 bench/effnet224_diag.py --data-dir $data --subset 10 --epochs 2 --timeout 240 \
-                 --variants amp,amp-nobench,score,score-nobatch,triaccel-off,triaccel-nocurv-nobench \
+                 --variants amp,score,score-nobatch,score-nocurv,score-noprec,triaccel-off \
                  --out "$out/h200_effnet224_diag_score.json" ;;  # issue 14 case 15: the new defaults at 224 px
     effnet224) # issue 14 case 15: EfficientNet-B0 at 224 px from the shipped JPEG config, as a newcomer runs it
                # (bench/results/h200_effnet224.log was recorded under the paper's rules, the defaults until 2026-12-01):
@@ -59,7 +59,7 @@ for s in "$@"; do
                    --set tracking.enabled=false
                done
                python3 -m triaccel.cli profile --config configs/cifar10_jpeg_resnet18.yaml --set model.name=efficientnet_b0 \
-                 --set model.resize=224 --steps 20 --out "$out/effnet224_profile" ;;
+                 --set model.resize=224 --set tracking.enabled=false --steps 20 --out "$out/effnet224_profile" ;;
     *) echo "unknown section $s" ;;
   esac 2>&1 | tee "$out/$s.log"
   echo "== $s done in $(( $(date +%s) - t0 )) s" | tee -a "$out/times.log"
