@@ -259,7 +259,7 @@ def test_deferred_skip_trains_exactly_as_the_synchronous_check(mode):
                 "deferred_skip": str(deferred).lower(), "optim.warmup_epochs": 1}
         if mode == "triaccel":
             over.update({"triaccel.batch.enabled": "false", "triaccel.curvature.method": "fisher",
-                         "triaccel.precision.enabled": "false"})
+                         "triaccel.precision.enabled": "false", "triaccel.precision.cpu_fp16": "true"})
         t = Trainer(small_cfg(**over), log=lambda *a: None).setup()
         steps_per_epoch = -(-len(t.train_data) // t.batch_size)
         bad = {3, 7, steps_per_epoch, steps_per_epoch + 2}

@@ -24,7 +24,7 @@ def tri_trainer(log=lambda *a: None, oom_probe=None, **over):
 
 def test_runtime_runs_each_layer_in_its_dtype():
     m = SmallCNN(10, 1, 8)
-    rt = PrecisionRuntime(m, torch.device("cpu"), initial="bf16")
+    rt = PrecisionRuntime(m, torch.device("cpu"), initial="bf16", cpu_fp16=True)
     plan = dict(zip(rt.names, ["fp16", "fp32", "bf16", "fp32"]))
     for n, lvl in plan.items():
         rt.set(n, lvl)
@@ -40,6 +40,25 @@ def test_runtime_runs_each_layer_in_its_dtype():
         seen.clear()
         m(torch.randn(2, 1, 8, 8))
         assert set(seen.values()) == {torch.float32}
+
+
+def test_fp16_runs_as_bf16_on_a_cpu_unless_asked_and_says_so():
+    """On a CPU fp16 is the slow 16-bit type: the controller's fp16 layers run in bf16 there (one
+    line says so) and no GradScaler runs; cpu_fp16: true keeps real fp16 and its scaler."""
+    for keep, want in ((False, torch.bfloat16), (True, torch.float16)):
+        said = []
+        t = Trainer(small_cfg(**{**TRI, "amp_dtype": "fp16", "triaccel.precision.cpu_fp16": str(keep).lower()}),
+                    callbacks=[], log=said.append).setup()
+        m = t.model
+        seen = set()
+        for _, mod in t.precision.layers:
+            mod.register_forward_hook(lambda mod, i, o: seen.add(o.dtype))
+        with t.precision.region():
+            m(torch.randn(2, 1, 8, 8))
+        assert seen == {want}
+        assert t.precision.levels() == [("fp16" if keep else "bf16")] * len(t.precision.names)
+        assert t.scaler_active() is keep
+        assert any("fp16 is slow on a CPU" in str(x) for x in said) is not keep
 
 
 def test_control_loop_acts_and_logs_every_window(tmp_path):

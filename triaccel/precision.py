@@ -31,8 +31,10 @@ def layer_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
 
 
-def supported_levels(device: torch.device) -> dict[str, str]:
-    """Map each requested level to what the device can run; a fallback is stated, never silent."""
+def supported_levels(device: torch.device, cpu_fp16: bool = False) -> dict[str, str]:
+    """Map each requested level to what the device can run; a fallback is stated, never silent.
+    On a CPU fp16 runs as bf16 unless ``cpu_fp16`` (there fp16 is ~17x slower than bf16: the
+    controller's fastest level would be its slowest)."""
     out = {"fp16": "fp16", "bf16": "bf16", "fp32": "fp32"}
     if device.type == "cuda":
         if not torch.cuda.is_bf16_supported(including_emulation=False):
@@ -44,6 +46,8 @@ def supported_levels(device: torch.device) -> dict[str, str]:
                     torch.nn.functional.linear(torch.ones(1, 2), torch.ones(2, 2))
             except Exception:
                 out[lvl] = "fp32"
+        if device.type == "cpu" and not cpu_fp16 and out["bf16"] == "bf16":
+            out["fp16"] = "bf16"
     return out
 
 
@@ -55,14 +59,16 @@ class PrecisionRuntime:
     """
 
     def __init__(self, model: nn.Module, device: torch.device, initial: str = "bf16", log=print,
-                 uniform_fast_path: bool = True):
+                 uniform_fast_path: bool = True, cpu_fp16: bool = False):
         self.device_type = device.type
         self.layers = layer_modules(model)
         self.names = [n for n, _ in self.layers]
-        self.fallback = supported_levels(device)
+        self.fallback = supported_levels(device, cpu_fp16=cpu_fp16)
         for req, got in self.fallback.items():
             if req != got:
-                log(f"[precision] {req} is not supported on {device}: layers assigned {req} run in {got}")
+                why = ("is slow on a CPU (triaccel.precision.cpu_fp16: true keeps it)"
+                       if device.type == "cpu" and (req, got) == ("fp16", "bf16") else f"is not supported on {device}")
+                log(f"[precision] {req} {why}: layers assigned {req} run in {got}")
         self._override: torch.dtype | None = None
         self._global: torch.dtype | None = None  # set while one region covers the whole forward
         self.uniform_fast_path = uniform_fast_path

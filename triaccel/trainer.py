@@ -266,7 +266,8 @@ class Trainer:
         self.precision: PrecisionRuntime | None = None
         if cfg.mode == "triaccel":
             self.precision = PrecisionRuntime(self.model, self.device, initial=cfg.amp_dtype, log=self.log,
-                                              uniform_fast_path=cfg.triaccel.uniform_fast_path)
+                                              uniform_fast_path=cfg.triaccel.uniform_fast_path,
+                                              cpu_fp16=cfg.triaccel.precision.cpu_fp16)
 
         # ---- optimizer, schedule, scaler
         groups = param_groups(self.model, per_layer=cfg.mode == "triaccel")
