@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import tempfile
 from pathlib import Path
 
@@ -177,8 +178,26 @@ class MLflowSearchCallback(Callback):
         for name in ("config.yaml",):
             if (Path(path) / name).is_file():
                 self.client.log_artifact(rid, str(Path(path) / name))
-        if (Path(path) / "triaccel").is_dir():
-            for f in sorted((Path(path) / "triaccel").iterdir()):
+        folder = Path(path) / "triaccel"
+        if folder.is_dir():
+            for f in sorted(folder.iterdir()):
+                self.client.log_artifact(rid, str(f), "triaccel")
+            if (folder / "trajectory.json").is_file() and not any(folder.glob("*.png")):
+                self._log_plots(folder / "trajectory.json", rid)
+
+    def _log_plots(self, trajectory_json, rid):
+        """The trial's controller plots, drawn here once from its trajectory (the trial writes only
+        the data with each epoch's checkpoint). A plot that cannot be drawn costs the plot, not the run."""
+        from triaccel.report import plots_from_json
+
+        with tempfile.TemporaryDirectory() as d:
+            try:
+                files = plots_from_json(trajectory_json, Path(d))
+            except Exception as e:  # noqa: BLE001 - a figure is not worth the trial's record
+                print(f"[search] the controller plots of run {rid} could not be drawn ({type(e).__name__}: {e})",
+                      file=sys.stderr)
+                return
+            for f in files:
                 self.client.log_artifact(rid, str(f), "triaccel")
 
     # ------------------------------------------------------------------ parent summary

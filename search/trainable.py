@@ -56,7 +56,7 @@ class TuneReporter(Callback):
             trainer.save(Path(d) / "trainer.pt")
             (Path(d) / "config.yaml").write_text(yaml.safe_dump(to_dict(trainer.cfg), sort_keys=False))
             if trainer.loop is not None:
-                trainer.loop.write_artifacts(Path(d) / "triaccel")
+                trainer.loop.write_artifacts(Path(d) / "triaccel", plots=False)  # the driver draws them once
             tune.report(out, checkpoint=tune.Checkpoint.from_directory(d))
 
 

@@ -76,6 +76,13 @@ def test_control_loop_acts_and_logs_every_window(tmp_path):
     assert files == {"trajectory.json", "trajectory.csv", "batch_memory.png", "precision_heatmap.png",
                      "curvature_lr.png"}
     assert json.loads((tmp_path / "trajectory.json").read_text())["layers"] == loop.names
+    # a search trial writes only the data with each checkpoint; the driver draws the same plots from it
+    from triaccel.report import plots_from_json
+
+    data_only = {p.name for p in loop.write_artifacts(tmp_path / "trial", plots=False)}
+    assert data_only == {"trajectory.json", "trajectory.csv"}
+    drawn = plots_from_json(tmp_path / "trial" / "trajectory.json", tmp_path / "drawn")
+    assert {p.name for p in drawn} == files - data_only and all(p.stat().st_size > 1000 for p in drawn)
     # the per-layer lr scales reach the optimizer
     g = t.optimizer.param_groups
     assert g[0]["lr"] > 0

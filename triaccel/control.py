@@ -341,10 +341,10 @@ class TriAccelLoop(Callback):
                 "ctrl_lr_scale_min": min(last["lr_scale"]) if last["lr_scale"] else 1.0,
                 "ctrl_probe_ooms": self.probe_ooms}
 
-    def write_artifacts(self, folder: Path) -> list[Path]:
+    def write_artifacts(self, folder: Path, plots: bool = True) -> list[Path]:
         from triaccel.report import write_trajectory
 
-        return write_trajectory(self.trajectory, self.names, Path(folder))
+        return write_trajectory(self.trajectory, self.names, Path(folder), plots=plots)
 
     def log_artifacts(self, client, run_id):
         import tempfile
