@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import numpy as np
 import torch
 from PIL import Image
 
@@ -19,6 +20,18 @@ def test_stratified_split_is_deterministic_disjoint_and_stratified():
     assert torch.bincount(labels[held], minlength=10).tolist() == [10] * 10
     _, held3 = stratified_split(labels, 0.2, seed=4)
     assert not torch.equal(held, held3)
+
+
+def test_digits_read_from_the_shipped_file_are_scikit_learns():
+    """The digits come from the file scikit-learn ships (no scikit-learn import): the same arrays."""
+    from sklearn.datasets import load_digits
+
+    from triaccel.data import digits_arrays
+
+    images, target = digits_arrays()
+    d = load_digits()
+    assert images.shape == (1797, 8, 8) and np.array_equal(images, d.images)
+    assert np.array_equal(target, d.target)
 
 
 def test_digits_splits_keep_test_apart():
