@@ -314,3 +314,20 @@ def test_every_example_trains_exactly_once_per_epoch_across_batch_moves_and_an_o
         t.epoch += 1
         assert sorted(trained[before:]) == list(range(n)), f"epoch {epoch + 1}"
     assert fired and t.oom_events == 1
+
+
+def test_padded_eval_batches_give_the_same_accuracy_and_loss():
+    """Padding the short last eval batch (one shape for cuDNN to tune) drops the padded outputs:
+    the same accuracy and loss as the unpadded split, on a split that is no multiple of the batch."""
+    t = Trainer(small_cfg(**{"mode": "fp32", "epochs": 1, "eval_batch_size": 50}), log=lambda *a: None).setup()
+    t.fit()
+    assert len(t.val_data) % 50 and len(t.val_data) > 50
+    seen = []
+    h = t.model.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[0]))
+    plain = t.evaluate(t.val_data, pad=False)
+    n_plain, seen[:] = list(seen), []
+    padded = t.evaluate(t.val_data, pad=True)
+    h.remove()
+    assert set(seen) == {50} and n_plain[-1] == len(t.val_data) % 50  # one shape, against a short last batch
+    assert padded[0] == pytest.approx(plain[0]) and padded[1] == pytest.approx(plain[1], rel=1e-5)
+    assert t.evaluate(t.val_data) == plain  # on a CPU it does not pad
