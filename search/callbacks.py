@@ -328,8 +328,14 @@ class ConsoleReporter(Callback):
         return "  ".join(f"{k.split('.')[-1]}={v:.3g}" if isinstance(v, float) else f"{k.split('.')[-1]}={v}"
                          for k, v in vals.items())
 
+    def _count(self, trials, trial) -> None:
+        """This trial's number among the finished: counted from Tune's trial list, so a resumed
+        search goes on from the trials its first run finished (it restarted at 1)."""
+        before = sum(1 for t in trials if t is not trial and t.status in ("TERMINATED", "ERROR"))
+        self.done = max(self.done + 1, before + 1)
+
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self.done += 1
+        self._count(trials, trial)
         r = trial.last_result or {}
         print(f"trial {self.done:>3}/{self.total} {trial.trial_id}  done   epochs {int(r.get('training_iteration', 0))}  "
               f"eff {r.get('efficiency', float('nan')):10.2f}  val {r.get('val_acc', float('nan')):6.2f}%  "
@@ -337,5 +343,5 @@ class ConsoleReporter(Callback):
               flush=True)
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self.done += 1
+        self._count(trials, trial)
         print(f"trial {self.done:>3}/{self.total} {trial.trial_id}  FAILED {failure_reason(trial)}", flush=True)

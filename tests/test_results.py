@@ -126,3 +126,28 @@ def test_confirm_takes_the_top_k_feasible_and_every_feasible_start_point():
     assert [x.row["run_id"] for x in R.to_confirm(o, 1)] == ["a", "s"]
     assert R.to_confirm(o, 0) == []  # --confirm 0 re-runs nothing
     assert R.is_start(rows[3]) and not R.is_start(rows[0])
+
+
+def test_console_numbers_go_on_after_a_resume(capsys):
+    """A resumed search's trial lines continue from the trials its first run finished (Tune hands
+    the callback every trial, the restored finished ones TERMINATED or ERROR); they restarted at 1."""
+    from types import SimpleNamespace
+
+    from triaccel.search.callbacks import ConsoleReporter
+
+    done = [SimpleNamespace(status=s, trial_id=f"t{i}", last_result={}) for i, s in
+            enumerate(["TERMINATED", "ERROR", "TERMINATED"])]
+    rest = [SimpleNamespace(status="RUNNING", trial_id=f"r{i}", last_result={}) for i in range(2)]
+    trials = done + rest
+    c = ConsoleReporter(total=5)  # a fresh reporter, as on resume
+    c.on_trial_complete(0, trials, rest[0])
+    rest[0].status = "TERMINATED"
+    c.on_trial_complete(0, trials, rest[1])
+    lines = [ln.split()[1] for ln in capsys.readouterr().out.splitlines()]
+    assert lines == ["4/5", "5/5"]
+    fresh = ConsoleReporter(total=2)  # a search from the start counts 1, 2 as before
+    t = [SimpleNamespace(status="RUNNING", trial_id=f"f{i}", last_result={}) for i in range(2)]
+    fresh.on_trial_complete(0, t, t[0])
+    t[0].status = "TERMINATED"
+    fresh.on_trial_complete(0, t, t[1])
+    assert [ln.split()[1] for ln in capsys.readouterr().out.splitlines()] == ["1/2", "2/2"]

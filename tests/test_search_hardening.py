@@ -177,9 +177,13 @@ def test_ctrl_c_mid_search_is_no_finished_search_and_resume_finishes_it(tmp_path
     assert [r.info.status for r in parent] == ["KILLED"]
     assert not [r for r in all_runs if r.info.status == "RUNNING"]
 
+    before = [ln for ln in out.splitlines() if ln.startswith("trial ")]
     r = cli("resume", "i", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "export the best" in r.stdout
+    after = [ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("trial ")]
+    # the resumed lines go on from the trials the first run finished, up to 4 of 4
+    assert after == [f"{i}/4" for i in range(len(before) + 1, 5)], (before, after)
     _, all_runs = runs(tmp_path, "i")
     trials = [r for r in all_runs if r.data.tags["triaccel.role"] == "trial"]
     assert len(trials) == 4 and len({t.data.tags["triaccel.trial_id"] for t in trials}) == 4
