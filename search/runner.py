@@ -683,6 +683,11 @@ def read_state(name: str) -> dict:
         state = json.loads(p.read_text())
         if not isinstance(state, dict) or not {"space", "source", "sha256", "tracking_uri"} <= state.keys():
             raise ValueError("not a search's state")
+        # of the right kinds too: a number for the store's URI was an AttributeError traceback in export
+        bad = [k for k, tp in (("space", dict), ("source", str), ("sha256", str), ("tracking_uri", str),
+                               ("created", str)) if k in state and not isinstance(state[k], tp)]
+        if bad:
+            raise ValueError(f"{', '.join(bad)} of the wrong kind")
     except (OSError, ValueError) as e:  # an empty or damaged file (a disk that filled as it was written)
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0][:120]
         raise ConfigError(f"search '{name}': its state {p} cannot be read ({why}); move that folder "
@@ -1051,7 +1056,8 @@ def list_searches() -> list[dict]:
         except ConfigError as e:  # one damaged state does not hide the other searches
             out.append({"name": name, "space": "?", "created": "?", "error": str(e)})
             continue
-        item = {"name": name, "space": st["source"], "created": st["created"], "trials": st["space"].get("trials")}
+        item = {"name": name, "space": st["source"], "created": st.get("created", "?"),
+                "trials": st["space"].get("trials")}
         try:
             space = parse_space(st["space"], source=st["source"], sha256=st["sha256"])
             _client(state_store(st), write=False)  # listing only reads

@@ -205,9 +205,10 @@ def test_split_seed_out_of_range_is_refused(capsys, value):
 
 
 @pytest.mark.parametrize("flags,match", [
-    (["--steps", "0"], "--steps 0: must be >= 1"),
-    (["--steps", "-1"], "--steps -1: must be >= 1"),
-    (["--warmup", "-1"], "--warmup -1: must be >= 0"),
+    (["--steps", "0"], "--steps 0: must be in [1, 100000]"),
+    (["--steps", "-1"], "--steps -1: must be in [1, 100000]"),
+    (["--warmup", "-1"], "--warmup -1: must be in [0, 100000]"),
+    (["--warmup", "100000000000000000000"], "--warmup 100000000000000000000: must be in [0, 100000]"),  # ran until killed
 ])
 def test_profile_step_counts_are_checked_first(capsys, flags, match):
     """`triaccel profile --steps 0` profiled every variant's warm-up, then was statistics' "no median
@@ -479,3 +480,69 @@ def test_a_saved_relative_store_is_read_beside_its_tune_folder_and_reads_make_no
     assert not (elsewhere / "nostore").exists()
     with pytest.raises(ConfigError, match=f"no MLflow store at {tmp_path}/x.db"):  # the query is not the file
         client(f"sqlite:///{tmp_path}/x.db?timeout=30", key="k", write=False)
+
+
+@pytest.mark.parametrize("setting,match", [
+    # an integer of 400 digits was an OverflowError traceback; 1e300 a torch traceback at the first step
+    ("optim.lr=" + "1" * 400, "optim.lr: must be a number within float32's range (|x| <= 3.4e+38), got an integer "
+                              "of about 400 digits"),
+    ("optim.lr=1e300", "optim.lr: must be a number within float32's range"),
+    ("optim.weight_decay=1e300", "optim.weight_decay: must be a number within float32's range"),
+    ("optim.warmup_epochs=" + "9" * 400, "optim.warmup_epochs: must be a number within float32's range"),
+    # MLflow's 500-character limit was a traceback once the store was open; a line break split the closing line
+    ("tracking.experiment=" + "x" * 600, "tracking.experiment: must be at most 500 characters (MLflow's limit), got 600"),
+    ('tracking.experiment="a\\nb"', "tracking.experiment: must be one line without control characters"),
+    ('tracking.run_name="a\\tb"', "tracking.run_name: must be one line without control characters"),
+])
+def test_numbers_past_float32_and_unusable_names_are_one_line(capsys, setting, match):
+    _one_line(capsys, ["train", "--config", QUICK, *FAST, "--set", setting], match)
+
+
+def test_a_billion_laughs_config_is_refused_at_once(tmp_path, capsys):
+    """Nine anchors of nine aliases each (387 million values once expanded): the depth walk visited every
+    one for minutes, then the run trained and exited 0. Now refused at the first 100,000 values."""
+    import time
+
+    lines = ["seed: 0", "provenance:", "  a: &a [" + ", ".join(['"x"'] * 9) + "]"]
+    for prev, cur in zip("abcdefgh", "bcdefghi"):
+        lines.append(f"  {cur}: &{cur} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    f = tmp_path / "laughs.yaml"
+    f.write_text("\n".join(lines) + "\n")
+    t0 = time.perf_counter()
+    _one_line(capsys, ["train", "--config", str(f)], f"{f}: expands to more than 100,000 values")
+    assert time.perf_counter() - t0 < 30
+    ok = tmp_path / "ok.yaml"  # anchors a config uses for real stay fine
+    ok.write_text("epochs: 1\nprovenance:\n  a: &a [1, 2, 3]\n  b: [*a, *a]\n")
+    assert load_config(ok).provenance["b"] == [[1, 2, 3], [1, 2, 3]]
+
+
+def test_profile_out_holding_a_folder_named_as_a_report_file(tmp_path, capsys):
+    """--force onto an --out whose report.json is a folder ran the whole profile, then was an
+    IsADirectoryError traceback with trace.json half written."""
+    (tmp_path / "o" / "report.json").mkdir(parents=True)
+    _one_line(capsys, ["profile", "--config", QUICK, *FAST, "--steps", "1", "--out", str(tmp_path / "o"), "--force"],
+              f"--out {tmp_path / 'o'}: report.json there is a folder")
+    assert [p.name for p in (tmp_path / "o").iterdir()] == ["report.json"]
+
+
+def test_damaged_search_states_are_listed_and_refused_in_one_line(capsys, monkeypatch, tmp_path):
+    """A state without `created` was a KeyError traceback of `triaccel searches` (every search hidden);
+    a number as the store's URI an AttributeError traceback of `export`."""
+    import json
+
+    monkeypatch.setenv("TRIACCEL_TUNE_DIR", str(tmp_path / "tune"))
+    good = {"space": {"name": "s", "trials": 2}, "source": "s.yaml", "sha256": "0" * 64,
+            "tracking_uri": f"sqlite:///{tmp_path}/none.db"}
+    for name, st in (("nocreated", good), ("numuri", dict(good, tracking_uri=5, created="2026-12-01")),
+                     ("numspace", dict(good, space=5, source=1))):
+        (tmp_path / "tune" / name).mkdir(parents=True)
+        (tmp_path / "tune" / name / "triaccel_search.json").write_text(json.dumps(st))
+    rc = main(["searches"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and "Traceback" not in err, (out, err)
+    assert all(n in out for n in ("nocreated", "numuri", "numspace"))
+    assert "numuri': its state" in out and "tracking_uri of the wrong kind" in out
+    assert "space, source of the wrong kind" in out
+    for name in ("numuri", "numspace"):
+        _one_line(capsys, ["export", name, "--out", str(tmp_path / "t.yaml")], "of the wrong kind")
+    assert not (tmp_path / "t.yaml").exists()

@@ -335,6 +335,13 @@ class TrackingConfig:
 
     def __post_init__(self):
         _check(bool(self.experiment and self.experiment.strip()), "tracking.experiment", "must be a non-empty name")
+        # MLflow refuses experiment names over 500 characters (it was a traceback after the store opened);
+        # a line break split the run's closing line in two
+        _check(len(self.experiment) <= 500, "tracking.experiment",
+               f"must be at most 500 characters (MLflow's limit), got {len(self.experiment)}")
+        for key, v in (("tracking.experiment", self.experiment), ("tracking.run_name", self.run_name)):
+            _check(v is None or not any(ord(ch) < 32 or ord(ch) == 127 for ch in v), key,
+                   "must be one line without control characters (line breaks, tabs)")
 
 
 @dataclass
@@ -457,7 +464,16 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             except ValueError:
                 pass
         _check(isinstance(value, (int, float)) and not isinstance(value, bool), key, f"must be a number, got {value!r}")
-        return float(value)
+        try:
+            f = float(value)
+        except OverflowError:  # an integer of 400 digits was an OverflowError traceback
+            raise ConfigError(f"{key}: must be a number within float32's range (|x| <= {FLOAT32_MAX:.3g}), "
+                              f"got an integer of about {int(value.bit_length() * 0.30103) + 1} digits") from None
+        # within float32's range: torch takes these as float32 scalars (lr=1e300 was a traceback at step one);
+        # inf and nan are left to each key's own check (some keys take inf: "never")
+        _check(not math.isfinite(f) or abs(f) <= FLOAT32_MAX, key,
+               f"must be a number within float32's range (|x| <= {FLOAT32_MAX:.3g}), got {value!r}")
+        return f
     if tp is str:
         _check(isinstance(value, str), key, f"must be a string, got {value!r}")
         return value
@@ -544,26 +560,36 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
             raise ConfigError(f"--set {item[:80]}: value is not valid YAML") from None
         except RecursionError:
             value = TOO_DEEP
-        if value is TOO_DEEP or _too_deep(value):
-            raise ConfigError(f"--set {k.strip()}: value nested more than {MAX_YAML_DEPTH} levels deep")
+        problem = f"nested more than {MAX_YAML_DEPTH} levels deep" if value is TOO_DEEP else _shape_problem(value)
+        if problem:
+            raise ConfigError(f"--set {k.strip()}: value {problem}")
         out.append((k.strip(), value))
     return out
 
 
 TOO_DEEP = object()
 MAX_YAML_DEPTH = 64  # a config nests 4 levels; 900 nested lists were a RecursionError traceback
+# a config holds ~150 values, an exported one with its provenance a few hundred; nine levels of anchors
+# of nine aliases each ("billion laughs") expand to 387 million, which the walk below took minutes over
+MAX_YAML_VALUES = 100_000
+FLOAT32_MAX = 3.4028234663852886e38
 
 
-def _too_deep(data: Any) -> bool:
-    """More than MAX_YAML_DEPTH levels of mappings and lists (walked without recursion)."""
+def _shape_problem(data: Any) -> str | None:
+    """What makes ``data`` no config: nested deeper than MAX_YAML_DEPTH, or more than MAX_YAML_VALUES
+    values once aliases are expanded (walked without recursion, stopping at the limit)."""
     stack = [(data, 0)]
+    seen = 0
     while stack:
         d, depth = stack.pop()
+        seen += 1
+        if seen > MAX_YAML_VALUES:
+            return f"expands to more than {MAX_YAML_VALUES:,} values (anchors repeated inside anchors?)"
         if isinstance(d, (dict, list)):
             if depth >= MAX_YAML_DEPTH:
-                return True
+                return f"nested more than {MAX_YAML_DEPTH} levels deep"
             stack.extend((v, depth + 1) for v in (d.values() if isinstance(d, dict) else d))
-    return False
+    return None
 
 
 MAX_YAML_BYTES = 16 * 2**20  # a config or space is a few KiB
@@ -627,8 +653,9 @@ def read_yaml(path: str | Path) -> dict:
         raise ConfigError(f"{p}: not valid YAML{where}") from None
     except RecursionError:
         data = TOO_DEEP
-    if data is TOO_DEEP or _too_deep(data):
-        raise ConfigError(f"{p}: nested more than {MAX_YAML_DEPTH} levels deep: not a config file")
+    problem = f"nested more than {MAX_YAML_DEPTH} levels deep" if data is TOO_DEEP else _shape_problem(data)
+    if problem:
+        raise ConfigError(f"{p}: {problem}: not a config file")
     if data is None:  # an empty file, only comments or `null`: most likely the wrong file, never "all defaults"
         raise ConfigError(f"{p}: is empty (no settings)")
     if not isinstance(data, dict):

@@ -229,6 +229,7 @@ def format_report(report: dict) -> str:
 
 
 REPORT_FILES = ("report.json", "report.txt", "trace.json", "top_ops.txt")  # what a profile writes in --out
+MAX_STEPS = 100_000
 
 
 def cmd_profile(args) -> int:
@@ -237,10 +238,10 @@ def cmd_profile(args) -> int:
 
     # --steps 0 profiled every variant's warm-up, then was statistics' "no median for empty data"
     # traceback; --warmup -1 was taken as 0 without a word
-    if args.steps < 1:
-        raise ConfigError(f"--steps {args.steps}: must be >= 1 (timed steps per measurement)")
-    if args.warmup < 0:
-        raise ConfigError(f"--warmup {args.warmup}: must be >= 0")
+    if not 1 <= args.steps <= MAX_STEPS:
+        raise ConfigError(f"--steps {args.steps}: must be in [1, {MAX_STEPS}] (timed steps per measurement)")
+    if not 0 <= args.warmup <= MAX_STEPS:  # --warmup 1e20 was taken and ran until killed
+        raise ConfigError(f"--warmup {args.warmup}: must be in [0, {MAX_STEPS}]")
     cfg = load_config(args.config, args.set)
     if cfg.tracking.enabled:  # an unusable store said before the profile runs, not after (as train does)
         from triaccel.tracking import client
@@ -259,6 +260,11 @@ def cmd_profile(args) -> int:
             why = "is a file, not a folder" if Path(args.out).exists() else \
                 f"cannot create the folder ({e.strerror or e})"
             raise ConfigError(f"--out {args.out}: {why}") from None
+        # a folder where a report file goes was an IsADirectoryError traceback after the whole profile ran
+        taken = [f for f in REPORT_FILES if (Path(args.out) / f).is_dir()]
+        if taken:
+            raise ConfigError(f"--out {args.out}: {', '.join(taken)} there is a folder: the profile writes a file "
+                              f"of that name")
     report = run_profile(cfg, steps=args.steps, warmup=args.warmup, out_dir=args.out)
     print(format_report(report))
     out = Path(report["out_dir"])
