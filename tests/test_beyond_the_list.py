@@ -546,3 +546,12 @@ def test_damaged_search_states_are_listed_and_refused_in_one_line(capsys, monkey
     for name in ("numuri", "numspace"):
         _one_line(capsys, ["export", name, "--out", str(tmp_path / "t.yaml")], "of the wrong kind")
     assert not (tmp_path / "t.yaml").exists()
+
+
+def test_a_config_link_that_leads_nowhere_says_so(tmp_path, capsys):
+    """A symlink loop (or a dangling link) was "no such file" of a link that is there."""
+    (tmp_path / "a.yaml").symlink_to(tmp_path / "b.yaml")
+    (tmp_path / "b.yaml").symlink_to(tmp_path / "a.yaml")
+    (tmp_path / "gone.yaml").symlink_to(tmp_path / "missing.yaml")
+    for f in ("a.yaml", "gone.yaml"):
+        _one_line(capsys, ["train", "--config", str(tmp_path / f)], "a symbolic link that leads to no file")

@@ -627,6 +627,8 @@ def read_yaml(path: str | Path) -> dict:
     if p.is_dir():  # said "no such file" of a folder that is there
         raise ConfigError(f"{p}: is a folder, not a YAML file")
     if not p.exists():
+        if p.is_symlink():  # a link loop or a dangling link was "no such file" of a link that is there
+            raise ConfigError(f"{p}: a symbolic link that leads to no file (a loop, or its target is missing)")
         raise ConfigError(f"{p}: no such file")
     try:
         # not only regular files: `--config <(sed ... c.yaml)` and other pipes (/dev/fd/N, a FIFO) were
