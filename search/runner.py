@@ -674,6 +674,10 @@ def default_confirm(confirm: int | None, shared: int, gpu: bool | None = None) -
     return 0
 
 
+# the keys of a saved search state and their kinds (created is optional: older states lack it)
+STATE_KINDS = {"space": dict, "source": str, "sha256": str, "tracking_uri": str, "created": str}
+
+
 def read_state(name: str) -> dict:
     p = tune_root() / name / STATE_FILE
     if not p.is_file():
@@ -681,11 +685,10 @@ def read_state(name: str) -> dict:
         raise ConfigError(f"no search named '{name}' under {tune_root()} (known: {known})")
     try:
         state = json.loads(p.read_text())
-        if not isinstance(state, dict) or not {"space", "source", "sha256", "tracking_uri"} <= state.keys():
+        if not isinstance(state, dict) or not STATE_KINDS.keys() - {"created"} <= state.keys():
             raise ValueError("not a search's state")
         # of the right kinds too: a number for the store's URI was an AttributeError traceback in export
-        bad = [k for k, tp in (("space", dict), ("source", str), ("sha256", str), ("tracking_uri", str),
-                               ("created", str)) if k in state and not isinstance(state[k], tp)]
+        bad = [k for k, tp in STATE_KINDS.items() if k in state and not isinstance(state[k], tp)]
         if bad:
             raise ValueError(f"{', '.join(bad)} of the wrong kind")
     except (OSError, ValueError) as e:  # an empty or damaged file (a disk that filled as it was written)
