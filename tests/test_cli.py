@@ -45,6 +45,27 @@ def test_bad_input_is_one_line(tmp_path, setup, args, match):
     assert not (tmp_path / "mlruns").exists() or "model" not in str(setup)
 
 
+@pytest.mark.parametrize("args,match", [
+    (["train"], "train: the following arguments are required: --config (`triaccel train --help`"),
+    (["search", "--trials", "many", "--space", "s.yaml"], "search: argument --trials: invalid int value: 'many'"),
+    (["export", "x", "--pick"], "export: argument --pick: expected one argument"),
+    (["frob"], "invalid choice: 'frob'"),
+    (["train", "--config", "c.yaml", "--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_a_bad_command_line_is_one_line_not_a_usage_block(tmp_path, args, match):
+    """argparse printed its usage block (up to six lines for `search`) above the error; the error
+    is one line in the project's format, naming the command and the option."""
+    from triaccel.cli import main
+
+    r = subprocess.run([sys.executable, "-c", "import sys; from triaccel.cli import main; sys.exit(main())", *args],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    _one_clean_line(r, match)
+    assert "usage:" not in r.stderr and not list(tmp_path.iterdir())
+    with pytest.raises(SystemExit) as e:  # in-process too (a caller of main() gets SystemExit(2), as from argparse)
+        main(["train"])
+    assert e.value.code == 2
+
+
 def test_train_logs_run_to_sqlite_store(tmp_path):
     r = run_cli("train", "--config", str(ROOT / "configs" / "quickstart.yaml"), "--set", "epochs=3", cwd=tmp_path,
                 env_extra={"MLFLOW_TRACKING_URI": ""})

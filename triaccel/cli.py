@@ -95,8 +95,19 @@ def cmd_train(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the project's error format: one line naming the command and what is wrong,
+    exit 2 (argparse printed its whole usage block above the error, three to six lines for
+    `search`; the usage is one `--help` away, and the line says so). Subcommands inherit it."""
+
+    def error(self, message: str):
+        cmd = self.prog.removeprefix("triaccel").strip()
+        where = f"{cmd}: " if cmd else ""
+        self.exit(2, f"triaccel: error: {where}{message} (`{self.prog} --help` lists the options)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="triaccel", description="Tri-Accel training and threshold search")
+    p = _Parser(prog="triaccel", description="Tri-Accel training and threshold search")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train one run from a config YAML")
