@@ -48,6 +48,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -514,7 +515,9 @@ def resolve_space_path(path: str) -> Path:
         return p
     if p.is_dir():  # said "no such space file" of a folder that is there
         raise ConfigError(f"{path}: is a folder, not a space file")
-    if p.parent != Path(".") or p.exists():  # a path with a folder names a file, never a shipped space
+    # a path with a folder names a file, never a shipped space: pathlib reads "./quickstart.yaml" as
+    # "quickstart.yaml", which ran the shipped space for a user who meant the file in this folder
+    if "/" in path or os.sep in path or p.exists():
         raise ConfigError(f"{path}: no such space file")
     from importlib import resources
 

@@ -60,6 +60,20 @@ def test_experiment_deleted_in_the_ui_is_one_line_for_train_and_search(tmp_path,
     assert not (tmp_path / "tune" / "q").exists()  # the name is not taken
 
 
+def test_a_space_path_in_a_missing_folder_never_runs_a_shipped_space(tmp_path, capsys, monkeypatch):
+    """Issue 14 case 4: `--space DIR/quickstart.yaml` with a DIR that does not exist ran the shipped
+    quickstart space and recorded the missing path as provenance. A path with a folder names a file;
+    only a bare name finds a shipped space."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TRIACCEL_TUNE_DIR", str(tmp_path / "tune"))
+    for path in ("nodir/quickstart.yaml", "./quickstart.yaml", str(tmp_path / "quickstart.yaml")):
+        _one_line(capsys, ["search", "--space", path, "--name", "q"], f"{path}: no such space file")
+    assert not list(tmp_path.iterdir())  # no store, no search state, no name taken
+    from triaccel.search.space import resolve_space_path
+
+    assert resolve_space_path("quickstart").name == "quickstart.yaml"  # the bare name still finds it
+
+
 def test_config_that_is_a_folder_or_a_pipe(tmp_path, capsys):
     """`--config DIR` said "no such file" of a folder that is there (`--space DIR` "no such space
     file"); `--config <(sed ... c.yaml)` (a pipe, /dev/fd/N) said "no such file" and did not train."""

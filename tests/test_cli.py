@@ -34,6 +34,11 @@ def _one_clean_line(r, match):
     (b"PK\x03\x04\x14\x00\x08\x08\xb5", ["--config", "c.yaml"], "c.yaml: not a YAML text file (not UTF-8: byte 0xb5 at offset 8)"),
     ("# epochs: 3\n", ["--config", "c.yaml"], "c.yaml: is empty (no settings)"),
     ("", ["--config", "c.yaml", "--set", "epochs=1"], "c.yaml: is empty (no settings)"),
+    # keys the dataset would ignore: trained on digits while the user pointed at a folder
+    ("data: {name: digits, data_dir: /tmp}\n", ["--config", "c.yaml"],
+     "c.yaml: data.data_dir: digits ships with the install and reads no folder"),
+    ("data: {name: imagefolder, data_dir: ., download: true}\n", ["--config", "c.yaml"],
+     "c.yaml: data.download: only cifar10 and cifar100 download (through torchvision); imagefolder would ignore it"),
 ])
 def test_bad_input_is_one_line(tmp_path, setup, args, match):
     if isinstance(setup, bytes):

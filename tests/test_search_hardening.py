@@ -358,6 +358,11 @@ def test_export_to_a_path_it_cannot_write_is_one_line_and_writes_nothing(tmp_pat
         assert r.returncode == 2 and "Traceback" not in r.stderr, (out, r.stderr[-2000:])
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"triaccel: error: {line}"), (out, lines)
+    # case 10: an existing file, the search's own space included, is not replaced without --force
+    r = cli("export", "x", "--out", "space.yaml", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "triaccel: error: --out space.yaml: exists; choose another path or add --force to replace it"], r.stderr
+    assert yaml.safe_load((tmp_path / "space.yaml").read_text()) == space
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "mlruns" not in p.parts) == before
     assert not os.path.exists("/proc/tuned.yaml") and os.path.exists("/dev/null")
     r = cli("export", "x", "--out", "adir/tuned.yaml", cwd=tmp_path)

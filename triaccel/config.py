@@ -85,6 +85,12 @@ class DataConfig:
         _check(self.crop_padding >= 0, "data.crop_padding", "must be >= 0")
         # as `seed`: data.split_seed=10**20 was torch.Generator's "Overflow when unpacking long long" traceback
         _check(0 <= self.split_seed < 2**32, "data.split_seed", f"must be in [0, 2**32), got {self.split_seed}")
+        # keys the dataset would ignore (as model.resize): a user who set data_dir for digits meant another dataset
+        _check(self.data_dir is None or self.name != "digits", "data.data_dir",
+               "digits ships with the install and reads no folder; data_dir is for cifar10, cifar100 and imagefolder "
+               "(set data.name, or data.data_dir: null)")
+        _check(not self.download or self.name not in ("digits", "imagefolder"), "data.download",
+               f"only cifar10 and cifar100 download (through torchvision); {self.name} would ignore it")
 
 
 RESIZING_MODELS = {"efficientnet_b0"}  # the models that read model.resize (triaccel.models.MODELS)
