@@ -484,7 +484,6 @@ def test_pareto_search_exports_a_front_member(tmp_path):
     assert r.returncode == 2 and "the Pareto front has" in r.stderr
 
 
-@pytest.mark.exclusive  # its `ray stop --force` stops every Ray process here; `auto` elsewhere would join its cluster
 def test_address_joins_an_existing_cluster_and_a_plain_search_stays_local(tmp_path):
     """`ray start --head` as a user would; the address it prints and --address auto join it, a search
     without --address does not."""
