@@ -3,7 +3,7 @@
     python3 bench/step_gap.py --data-dir /tmp/cifar --out bench/results/h200_step_gap.json
 
 Every variant is the shipped config (ResNet-18, CIFAR-10 JPEG pack) at B=96, fp16, captured
-micro-batches, warmed up past its recordings. For each, three views of the same steps:
+micro-batches, warmed up past its recordings (``--batch`` sets another B). For each, three views of the same steps:
 
 - ``interleaved``: wall time per step, median of synchronised blocks, the variants' blocks
   alternating so drift falls on all alike (``paired_vs_first_pct``: against the first variant).
@@ -39,7 +39,19 @@ VARIANTS = {
     "ta_off": {"mode": "triaccel", **OFF},
     "ta_off_torchopt": {"mode": "triaccel", **OFF, "triaccel.kernels": "torch"},
     "ta_start_nobatch": {"mode": "triaccel", **START},
+    # "_fresh": False: every micro-batch graph adds into zeroed gradient buffers, as before
+    # fresh gradients (triaccel.capture): the A/B of that change, side by side
+    "static_fp16_addgrads": {"mode": "amp", "_fresh": False},
+    "ta_start_nobatch_addgrads": {"mode": "triaccel", **START, "_fresh": False},
 }
+
+
+def build(args, name):
+    over = {k: v for k, v in VARIANTS[name].items() if not k.startswith("_")}
+    t = make(cfg_for(args, batch_size=args.batch, amp_dtype="fp16", capture=True, **over))[0]
+    if VARIANTS[name].get("_fresh") is False and t.graphs is not None:
+        t.graphs.fresh_grads = False
+    return t
 
 
 def host_time(t, blocks: int = 11, per_block: int = 20) -> dict:
@@ -64,12 +76,12 @@ def main():
     ap.add_argument("--dataset", default="imagefolder")
     ap.add_argument("--model", default="resnet18")
     ap.add_argument("--epochs", type=int, default=8)  # the schedule's length only: no epoch is run to its end
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default="static_fp16,ta_off,ta_off_torchopt,ta_start_nobatch")
+    ap.add_argument("--batch", type=int, default=96)
     args = ap.parse_args()
     names = args.variants.split(",")
-    trainers = {n: make(cfg_for(args, batch_size=96, amp_dtype="fp16", capture=True, **VARIANTS[n]))[0]
-                for n in names}
-    res = {"what": __doc__.split("\n\n")[0], "variants": {n: VARIANTS[n] for n in names}}
+    trainers = {n: build(args, n) for n in names}
+    res = {"what": __doc__.split("\n\n")[0], "batch": args.batch, "variants": {n: VARIANTS[n] for n in names}}
     res["interleaved"] = interleaved(trainers, blocks=21, per_block=20, warm=40)
     for n, t in trainers.items():
         res.setdefault("host", {})[n] = host_time(t)

@@ -63,6 +63,78 @@ def test_captured_training_matches_eager(mode, dtype, accum):
 
 
 @cuda
+@pytest.mark.parametrize("dtype,accum", [("bf16", 1), ("fp16", 1), ("bf16", 2)])
+def test_fresh_gradients_train_as_zeroed_and_accumulated_ones(dtype, accum):
+    """A window's first full micro-batch replays a graph that writes the gradients instead of
+    adding into zeroed buffers (no zeroing, no per-parameter add): training must not change. With
+    accum_steps=2 the window's second micro-batch adds into the fresh graph's gradients, and the
+    epoch's short last batch starts from zeroed ones."""
+    over = dict(device="cuda", mode="amp", amp_dtype=dtype, accum_steps=accum, epochs=2, cudnn_benchmark="false",
+                capture="true")
+    torch.backends.cudnn.deterministic = True
+    try:
+        cfg = small_cfg(**over)
+        old = Trainer(cfg, log=lambda *a: None).setup()
+        old.graphs.fresh_grads = False  # the micro-batch graphs add into zeroed buffers, as before
+        old.fit()
+        new, _ = fit(small_cfg(**over))
+    finally:
+        torch.backends.cudnn.deterministic = False
+    g = new.graphs
+    assert g.disabled is None and g.captures > 0 and g.replays > g.eager
+    assert not any(k[-1] == "fresh" for k in old.graphs.seen)
+    assert any(k[-1] == "fresh" for k in g.seen)
+    assert new.skipped_steps == old.skipped_steps
+    for e, c in zip(old.history.epochs, new.history.epochs):
+        assert c["train_loss"] == pytest.approx(e["train_loss"], rel=1e-4)
+    assert torch.allclose(_params(new), _params(old), rtol=1e-4, atol=1e-5)
+
+
+@cuda
+def test_a_fresh_graph_owns_the_gradients_and_a_new_one_replaces_every_graph():
+    """The fresh graph's gradient tensors are the parameters' .grad and every replay writes the same
+    ones. A new plan records a new fresh graph: it drops every live graph (they add into the old
+    gradients) and records into a new pool (recording again into a pool whose graphs were all dropped
+    trips torch's allocator). Training equals the same steps without fresh gradients throughout."""
+    from triaccel.trainer import Decisions
+
+    over = {"device": "cuda", "mode": "triaccel", "amp_dtype": "bf16", "epochs": 1, "batch_size": 256,
+            "accum_steps": 2, "capture": "true", "cudnn_benchmark": "false",
+            "triaccel.precision.enabled": "false", "triaccel.curvature.enabled": "false",
+            "triaccel.batch.enabled": "false"}
+    torch.backends.cudnn.deterministic = True
+    try:
+        ts = [Trainer(small_cfg(**over), log=lambda *a: None).setup() for _ in range(2)]
+        ts[1].graphs.fresh_grads = False
+        idx = torch.arange(256, device="cuda")
+        for t in ts:  # eager, recorded, replayed: a fresh graph (first half) and an adding one (second)
+            for _ in range(3):
+                t.train_step(idx)
+        g = ts[0].graphs
+        assert len(g.graphs) == 2 and sum(k[-1] == "fresh" for k in g.graphs) == 1
+        assert g.owner is not None and all(p.grad is q for p, q in zip(g.params, g.owner.grads))
+        ptrs = [p.grad.data_ptr() for p in g.params]
+        pool = g.pool
+        for t in ts:
+            t.train_step(idx)
+        assert [p.grad.data_ptr() for p in g.params] == ptrs  # replays write the same tensors
+        for t in ts:  # a new precision plan: new keys at a shape already recorded (recorded at once)
+            t.apply(Decisions(levels={t.precision.names[0]: "fp32"}))
+            for _ in range(3):
+                t.train_step(idx)
+        assert g.disabled is None and g.captures == 4 and len(g.graphs) == 2 and g.pool != pool
+        assert all(p.grad is q for p, q in zip(g.params, g.owner.grads))
+        assert torch.allclose(_params(ts[0]), _params(ts[1]), rtol=1e-4, atol=1e-5)
+        g.reset()  # a batch change: the gradients are unset so the old pool goes back whole
+        assert g.owner is None and all(p.grad is None for p in g.params) and not g.graphs
+        for _ in range(3):
+            ts[0].train_step(idx)
+        assert g.captures == 6 and g.owner is not None and len(g.graphs) == 2
+    finally:
+        torch.backends.cudnn.deterministic = False
+
+
+@cuda
 def test_captured_peak_counts_the_graph_pool():
     over = dict(device="cuda", mode="amp", amp_dtype="bf16", epochs=3, batch_size=256)
     eager, _ = fit(small_cfg(**over))

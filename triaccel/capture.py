@@ -30,6 +30,17 @@ pool still held 328's activations (H200: 1.17 GiB of pool against 0.26 at B=96, 
 score's peak with it), and a size measured after a larger one was charged the larger one's
 memory. Recording again costs one eager micro-batch and a few milliseconds per shape.
 
+Gradients of a window's first micro-batch (``fresh``): when the window starts with a full
+micro-batch, its graph is recorded with every gradient unset, so the backward writes the
+gradients into the pool instead of adding into zeroed buffers (autograd's accumulation launches
+one add per parameter: 62 for ResNet-18, 114 us of a 2.4 ms B=96 step on the H200, plus the
+zeroing launch). Those pool tensors become the parameters' ``.grad`` and every replay overwrites
+them: nothing is zeroed. The window's later micro-batches, a short last batch and eager runs add
+into the same tensors as before (zeroed first). Recording a fresh graph drops every live graph
+(they were recorded against the gradients it replaces, whose memory the pool may reuse), so one
+set of gradients exists; a reset or the end of the run unsets the gradients, so the old pool
+goes back whole.
+
 Memory is reported honestly: a replay allocates nothing, so the allocator's peak no longer
 sees the activations. The pool's bytes not held by live tensors (the allocator's snapshot
 names each segment's pool) are added to every peak while graphs live (``extra_bytes``): that
@@ -47,15 +58,22 @@ import torch
 
 
 class _Graph:
-    __slots__ = ("graph", "x", "y", "n", "loss")
+    __slots__ = ("graph", "x", "y", "n", "loss", "grads")
 
-    def __init__(self, graph, x, y, n, loss):
+    def __init__(self, graph, x, y, n, loss, grads=None):
         self.graph, self.x, self.y, self.n, self.loss = graph, x, y, n, loss
+        self.grads = grads  # fresh graphs: the gradient tensors each replay writes (in the pool)
 
 
 class StepGraphs:
-    def __init__(self, device: torch.device, cap: int = 8, warmup: int = 1, log: Callable = print, meter=None):
+    def __init__(self, device: torch.device, cap: int = 8, warmup: int = 1, log: Callable = print, meter=None,
+                 params: list | None = None, zero: Callable[[], None] | None = None):
         self.device = device
+        # fresh gradients (see above) need the parameters and a way to zero their gradients in place
+        self.params = [p for p in (params or []) if p.requires_grad]
+        self.zero = zero
+        self.fresh_grads = bool(self.params) and zero is not None
+        self.owner: _Graph | None = None  # the fresh graph whose tensors are the parameters' .grad now
         self.meter = meter  # a MemoryMeter: its extra_bytes follows the pool
         self.cap = cap
         self.warmup = warmup
@@ -80,15 +98,23 @@ class StepGraphs:
                 "graph_pool_gib": self.extra_bytes / 2**30}
 
     def run(self, key, x: torch.Tensor, y: torch.Tensor, n: float,
-            body: Callable[[torch.Tensor, torch.Tensor, object], torch.Tensor]) -> torch.Tensor:
+            body: Callable[[torch.Tensor, torch.Tensor, object], torch.Tensor], fresh: bool = False) -> torch.Tensor:
         """The micro-batch's summed loss (detached), from a replay when ``key`` has a graph,
-        else from ``body`` run eager (and recorded once the key has been seen ``warmup`` times)."""
+        else from ``body`` run eager (and recorded once the key has been seen ``warmup`` times).
+
+        ``fresh`` (only where ``fresh_grads``): the window's first micro-batch, whose gradients
+        replace the parameters' instead of adding to them; the caller has not zeroed them."""
+        fresh = fresh and self.fresh_grads
+        if fresh:
+            key = (*key, "fresh")
         if self.disabled is None:
             g = self.graphs.get(key)
             if g is None and self.seen.get(key, 0) >= self._warmup_for(key):
-                g = self._capture(key, x, y, body)
+                g = self._capture(key, x, y, body, fresh)
             if g is not None:
                 self.graphs.move_to_end(key)
+                if fresh and (self.owner is not g or self.params[0].grad is not g.grads[0]):
+                    self._own(g)  # also when something outside set the gradients anew (zero_grad(set_to_none))
                 g.x.copy_(x)
                 g.y.copy_(y)
                 g.n.fill_(n)
@@ -96,12 +122,29 @@ class StepGraphs:
                 self.replays += 1
                 return g.loss
             self.seen[key] = self.seen.get(key, 0) + 1
+        if fresh:
+            self.zero()  # eager: the backward adds into the gradients
         self.eager += 1
         return body(x, y, n)
+
+    def _own(self, g: _Graph) -> None:
+        """Point the parameters' .grad at a fresh graph's gradient tensors (the ones its replays write)."""
+        for p, t in zip(self.params, g.grads):
+            p.grad = t
+        self.owner = g
+
+    def _unset_grads(self) -> None:
+        """Between steps (their gradients consumed): unset the gradients a fresh graph wrote, so
+        its pool can go back whole; the next backward allocates them again."""
+        if self.owner is not None:
+            for p in self.params:
+                p.grad = None
+            self.owner = None
 
     def release(self) -> None:
         """Drop every graph at the end of a run (not counted as a reset): nothing may replay them
         once the run's cuBLAS workspaces are gone. Counters stay for the run's report."""
+        self._unset_grads()
         self.graphs.clear()
         self.seen.clear()
         self.shapes.clear()
@@ -130,9 +173,25 @@ class StepGraphs:
             return 0
         return self.warmup
 
-    def _capture(self, key, x, y, body) -> _Graph | None:
+    def _capture(self, key, x, y, body, fresh: bool = False) -> _Graph | None:
         torch.cuda.synchronize(self.device)
         t0 = time.perf_counter()
+        if fresh:
+            # The new graph's gradients replace the parameters'. Every live graph adds into (or
+            # writes) the old ones, whose memory is freed below and may be reused by the pool:
+            # all are dropped (recorded again at their next occurrence), so one set of gradients
+            # exists and nothing replays into freed memory.
+            self.graphs.clear()
+            self.owner = None
+            for p in self.params:
+                p.grad = None  # the backward below allocates them in the pool
+            # and a new pool: the old one may still hold what no graph owns (cuBLAS's workspace for the
+            # capture stream), and recording into a pool whose graphs are all gone trips the allocator's
+            # use_count assert (torch 2.11, reproduced on the H200; vllm#28426)
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+            self.pool = torch.cuda.graph_pool_handle()
+
         r0, a0 = torch.cuda.memory_reserved(self.device), torch.cuda.memory_allocated(self.device)
         sx, sy = x.clone(), y.clone()
         sn = torch.ones((), device=self.device)
@@ -144,6 +203,10 @@ class StepGraphs:
         except Exception as e:  # noqa: BLE001 -- any failure: the run goes on eager, and says why
             self.disabled = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
             self.graphs.clear()
+            self.owner = None
+            if fresh:  # unset whatever the failed recording allocated: the eager micro-batch starts afresh
+                for p in self.params:
+                    p.grad = None
             self.log(f"[capture] recording the step failed ({self.disabled}): the run goes on eager")
             torch.cuda.synchronize(self.device)
             return None
@@ -155,7 +218,10 @@ class StepGraphs:
         self.extra_bytes = free
         if self.meter is not None:
             self.meter.extra_bytes = self.extra_bytes
-        self.graphs[key] = g = _Graph(graph, sx, sy, sn, loss)
+        grads = [p.grad for p in self.params] if fresh else None
+        self.graphs[key] = g = _Graph(graph, sx, sy, sn, loss, grads)
+        if fresh:
+            self.owner = g
         self.shapes.add(key[0])
         self.captures += 1
         if len(self.graphs) > self.cap:
