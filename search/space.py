@@ -404,6 +404,10 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "", strict: bo
 
     if strict:
         _check_batch_bounds(src, train, params)
+        try:
+            base.data.check_read()
+        except ConfigError as e:
+            raise ConfigError(f"{src}: train.{e}") from None
 
     def opt(key, typ, default, check=None, why=""):
         v = data.get(key, default)
@@ -517,7 +521,7 @@ def resolve_space_path(path: str) -> Path:
         raise ConfigError(f"{path}: is a folder, not a space file")
     # a path with a folder names a file, never a shipped space: pathlib reads "./quickstart.yaml" as
     # "quickstart.yaml", which ran the shipped space for a user who meant the file in this folder
-    if "/" in path or os.sep in path or p.exists():
+    if "/" in path or os.sep in path or os.path.lexists(p):  # a dangling link named so is the user's file too
         raise ConfigError(f"{path}: no such space file")
     from importlib import resources
 

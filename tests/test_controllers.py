@@ -220,9 +220,38 @@ def test_score_policy_measures_the_start_again_before_leaving_it():
     assert not c.exploring and c.batch == 144 and c.rechecked
     c, _ = run(first_inflation=1.0, true_gain=-0.5)  # the start was best: no second look needed
     assert not c.exploring and c.batch == 96 and not c.rechecked
+
+    # the default cooldown: every new size's first window is skipped, the recheck's too
+    c = BatchController(bc(policy="score", max_batch=4096, cooldown=1), 96, 96, 100 * GiB)
+    inflated = iter([1.3, 1.3])  # its cooldown window and its first measured one
+    model = lambda b: ({96: next(inflated, 1.0), 144: 1.13}.get(b, 3.0) * b * 1e-4, 1.0 * GiB)  # noqa: E731
+    sizes = drive(c, model, windows=12)
+    assert sizes[:9] == [96, 96, 144, 144, 216, 216, 96, 96, 96] and c.batch == 96 and not c.exploring
+
+    # a second look that measures higher keeps the first (lower) cost: the lower of the two counts
+    c = BatchController(bc(policy="score", max_batch=4096, cooldown=0), 96, 96, 100 * GiB)
+    c.update(1.0 * GiB, seconds=96e-4 * 1.2 * 10, examples=96 * 10)  # 96: 1.2 (inflated)
+    c.update(1.0 * GiB, seconds=144e-4 * 1.0 * 10, examples=144 * 10)  # 144: 1.0
+    d = c.update(1.0 * GiB, seconds=216e-4 * 3.0 * 10, examples=216 * 10)  # 216: 3.0 -> recheck 96
+    assert d.action == "recheck" and d.batch == 96 and c.rechecking
+    mid = c.state_dict()  # saved mid-recheck (a checkpoint between windows)
+    c.update(1.0 * GiB, seconds=96e-4 * 1.5 * 10, examples=96 * 10)  # measured higher still
+    assert c.costs[96] == pytest.approx(1.2e-4 * GiB) and c.batch == 144 and not c.exploring
     c2 = BatchController(bc(policy="score", max_batch=4096, cooldown=0), 96, 96, 100 * GiB)
-    c2.load_state_dict(c.state_dict())
-    assert (c2.rechecked, c2.rechecking) == (c.rechecked, c.rechecking)
+    c2.load_state_dict(mid)
+    assert (c2.rechecked, c2.rechecking, c2.batch) == (True, True, 96)
+    # the epoch ends before the second look was measured: B0, where the run is, stays
+    assert c2.settle_now().batch == 96 and not c2.exploring and not c2.rechecking
+    old = {k: v for k, v in mid.items() if k not in ("rechecked", "rechecking")}  # a state saved before this rule
+    c3 = BatchController(bc(policy="score", max_batch=4096, cooldown=0), 96, 96, 100 * GiB)
+    c3.load_state_dict(old)
+    assert (c3.rechecked, c3.rechecking) == (False, False)
+
+    # a size that ran out of memory is never settled on or rechecked
+    c = BatchController(bc(policy="score", max_batch=4096, cooldown=0, mode="constant"), 96, 96, 100 * GiB)
+    c.update(1.0 * GiB, seconds=96e-4 * 1.2 * 10, examples=96 * 10)
+    c.on_oom(96)
+    assert 96 not in c.costs and c.micro == 48
 
 
 def test_score_policy_explores_down_when_growth_costs_more_and_keeps_the_budget_cap():

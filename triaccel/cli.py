@@ -132,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--out", help="folder for report.json, report.txt, trace.json (default: a temp folder)")
     pr.add_argument("--force", action="store_true", help="replace an earlier profile's files in --out")
     pr.set_defaults(func=cmd_profile)
+    p.commands = dict(sub.choices)  # name -> its parser (main() reports unknown arguments through it)
     return p
 
 
@@ -146,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # said by the command's own parser: it names the command and its --help
+            parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     except KeyboardInterrupt:  # Ctrl-C while the command line is read: no traceback
         print("triaccel: interrupted", file=sys.stderr)
         return 130

@@ -85,7 +85,11 @@ class DataConfig:
         _check(self.crop_padding >= 0, "data.crop_padding", "must be >= 0")
         # as `seed`: data.split_seed=10**20 was torch.Generator's "Overflow when unpacking long long" traceback
         _check(0 <= self.split_seed < 2**32, "data.split_seed", f"must be in [0, 2**32), got {self.split_seed}")
-        # keys the dataset would ignore (as model.resize): a user who set data_dir for digits meant another dataset
+
+    def check_read(self) -> None:
+        """Keys this dataset would ignore (as model.resize): a user who set data_dir for digits meant
+        another dataset. Checked where a config is written by hand (``load_config``, a new search's
+        space), not in a saved search's space, which is read as it was accepted."""
         _check(self.data_dir is None or self.name != "digits", "data.data_dir",
                "digits ships with the install and reads no folder; data_dir is for cifar10, cifar100 and imagefolder "
                "(set data.name, or data.data_dir: null)")
@@ -680,7 +684,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     for k, v in parse_overrides(overrides or []):
         set_dotted(data, k, v)
     try:
-        return from_dict(TrainConfig, data)
+        cfg = from_dict(TrainConfig, data)
+        cfg.data.check_read()
+        return cfg
     except ConfigError as e:
         if path is not None:
             raise ConfigError(f"{path}: {e}") from None

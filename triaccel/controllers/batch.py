@@ -202,6 +202,8 @@ class BatchController:
     def settle_now(self) -> BatchDecision:
         """End exploring now, at the cheapest size measured (the current one if none was)."""
         best = self._cheapest() if self.costs else self.elastic
+        if self.rechecking:  # the second look at B0 is running and was not measured: B0 stays (the run is there)
+            best = self.elastic
         return self._settle(best, self.obs[-1][1] / self.budget if self.obs else 0.0)
 
     def _cheapest(self) -> int:
@@ -212,7 +214,7 @@ class BatchController:
         return min(near, key=lambda k: (abs(math.log(k / self.start)), k))
 
     def _settle(self, size: int, frac: float) -> BatchDecision:
-        self.exploring = False
+        self.exploring = self.rechecking = False
         return self._decide(size, "settle", frac)
 
     def micro_cap(self, batch: int) -> int:
@@ -234,6 +236,8 @@ class BatchController:
         """A micro-batch of this size ran out of memory: never grow back to it."""
         self.ceiling = micro_batch if self.ceiling is None else min(self.ceiling, micro_batch)
         self.micro = max(1, micro_batch // 2)
+        # sizes from the ceiling up are out: neither a recheck nor the settled size may go back there
+        self.costs = {k: v for k, v in self.costs.items() if k < self.ceiling}
         if self.cfg.mode == "paper":
             self.batch = max(self.cfg.min_batch, min(self.batch, self.ceiling - 1))
         self.cool = self.cfg.cooldown
