@@ -292,3 +292,18 @@ def test_a_batch_size_its_searched_bounds_can_refuse_is_said_at_the_start(params
     parse_space(ok, source="s.yaml", strict=True)
     for f in sorted((ROOT / "spaces").glob("*.yaml")):  # every shipped space passes
         load_space(str(f))
+
+
+def test_ignored_data_keys_are_refused_in_a_new_space_not_in_a_saved_one():
+    """data.data_dir with digits (and download with imagefolder) would be ignored: a new search's
+    space is refused naming the key; a search saved before the rule still resumes and exports."""
+    from triaccel.errors import ConfigError
+    from triaccel.search.space import parse_space
+
+    lr = {"optim.lr": {"distribution": "uniform", "low": 0.1, "high": 0.2}}
+    for data, key in (({"data_dir": "/x"}, "data.data_dir"), ({"name": "imagefolder", "data_dir": "/x",
+                                                                "download": True}, "data.download")):
+        with pytest.raises(ConfigError, match=f"s.yaml: train.{key}: "):
+            parse_space({"train": {"data": data}, "params": lr}, source="s.yaml", strict=True)
+        saved = parse_space({"train": {"data": data}, "params": lr}, source="s.yaml")
+        assert saved.train["data"] == data
