@@ -491,8 +491,10 @@ def test_address_joins_an_existing_cluster_and_a_plain_search_stays_local(tmp_pa
 
     # the `ray` command; where Ray is on PYTHONPATH without its console script (the GPU machine's
     # unpacked site), the same CLI through the interpreter
-    ray_bin = shutil.which("ray") or str(Path(sys.executable).parent / "ray")
-    ray_cmd = [ray_bin] if Path(ray_bin).exists() else [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]
+    # this interpreter's own first: another `ray` on PATH (a pyenv shim) starts workers that cannot import triaccel
+    own = Path(sys.executable).parent / "ray"
+    ray_bin = str(own) if own.exists() else shutil.which("ray")
+    ray_cmd = [ray_bin] if ray_bin else [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]
     space = dict(SPACE, trials=2, concurrency=2)
     space["params"] = {k: v for k, v in SPACE["params"].items() if k != "optim.lr"}
     space["train"] = dict(SPACE["train"], epochs=1)
@@ -507,12 +509,16 @@ def test_address_joins_an_existing_cluster_and_a_plain_search_stays_local(tmp_pa
     assert printed, (r.stdout + r.stderr)[-2000:]
     try:
         # --address as printed (this node's IP; issue 14 case 14: with token authentication on, as
-        # `ray start` turns it on wherever ~/.ray/auth_token exists, it could not be joined), then auto
-        for name, address in (("joined", printed.group(1)), ("joined_auto", "auto")):
+        # `ray start` turns it on wherever ~/.ray/auth_token exists, it could not be joined), the
+        # loopback form, then auto
+        port = printed.group(1).rsplit(":", 1)[1]  # and 127.0.0.1:PORT, the other form case 14 reported
+        for name, address in (("joined", printed.group(1)), ("joined_lo", f"127.0.0.1:{port}"),
+                              ("joined_auto", "auto")):
             r = cli("search", "--space", "space.yaml", "--name", name, "--address", address, cwd=tmp_path)
             assert r.returncode == 0, (address, r.stderr[-3000:])
             _, runs = trial_runs(tmp_path, name)
-            assert len(runs) == 2 and all(x.info.status == "FINISHED" for x in runs)
+            assert len(runs) == 2 and all(x.info.status == "FINISHED" for x in runs), (name, [x.info.status for x in runs],
+                                                                                r.stdout[-2000:])
         r = cli("search", "--space", "space.yaml", "--name", "local", cwd=tmp_path)
         assert r.returncode == 0, r.stderr[-3000:]  # a running cluster does not break a local search
     finally:
