@@ -197,11 +197,15 @@ class StepGraphs:
         sn = torch.ones((), device=self.device)
         graph = torch.cuda.CUDAGraph()
         held = self.meter.hold() if self.meter is not None else nullcontext()
+        stream = torch.cuda.current_stream(self.device)
         try:
             with held, torch.cuda.graph(graph, pool=self.pool):  # recording allocates in the pool: not a peak
                 loss = body(sx, sy, sn)
         except Exception as e:  # noqa: BLE001 -- any failure: the run goes on eager, and says why
             self.disabled = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+            # torch.cuda.graph enters its capture stream before capture_begin, and an error there skips
+            # its exit: the rest of the run went on on that side stream (a helper's H200 repro)
+            torch.cuda.set_stream(stream)
             self.graphs.clear()
             self.owner = None
             if fresh:  # unset whatever the failed recording allocated: the eager micro-batch starts afresh
