@@ -80,13 +80,17 @@ def cmd_searches(args) -> int:
 def cmd_ui(args) -> int:
     from triaccel.tracking import tracking_uri
 
-    uri = tracking_uri(None)
-    if not uri.startswith("sqlite:") and not uri.startswith("postgresql") and not uri.startswith("mysql"):
-        print(f"triaccel: error: the UI needs a database store; MLFLOW_TRACKING_URI is {uri}", file=sys.stderr)
-        return 2
+    # the options first: a refused --host or --port wrote the default store's mlruns/ before it said so
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.allow_remote:
         print(f"triaccel: error: --host {args.host} exposes the UI beyond this machine; add --allow-remote "
               f"to mean it", file=sys.stderr)
+        return 2
+    if not 0 < args.port < 65536:
+        print(f"triaccel: error: --port {args.port}: not a TCP port (1-65535)", file=sys.stderr)
+        return 2
+    uri = tracking_uri(None)
+    if not uri.startswith("sqlite:") and not uri.startswith("postgresql") and not uri.startswith("mysql"):
+        print(f"triaccel: error: the UI needs a database store; MLFLOW_TRACKING_URI is {uri}", file=sys.stderr)
         return 2
     # MLflow reports a port in use deep in its server's log and still exits 0: check it here, binding the
     # address as the server will (IPv6 for a host with a colon, as uvicorn does), without SO_REUSEADDR
@@ -94,9 +98,6 @@ def cmd_ui(args) -> int:
     import socket
 
     where = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"
-    if not 0 < args.port < 65536:
-        print(f"triaccel: error: --port {args.port}: not a TCP port (1-65535)", file=sys.stderr)
-        return 2
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
     try:
         addr = socket.getaddrinfo(args.host, args.port, family, socket.SOCK_STREAM)[0][4]

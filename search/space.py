@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from triaccel.config import MAX_BATCH, TrainConfig, from_dict, read_yaml, set_dotted
+from triaccel.config import MAX_BATCH, TrainConfig, from_dict, path_kind, read_yaml, set_dotted
 from triaccel.errors import ConfigError
 
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "categorical")
@@ -515,13 +515,16 @@ def _baseline(src: str, spec, base: TrainConfig) -> tuple[list, list, list, floa
 def resolve_space_path(path: str) -> Path:
     """A file path, or the name of a space shipped with the package (``quickstart``)."""
     p = Path(path)
-    if p.is_file():
+    is_dir, exists, is_link = path_kind(p)
+    if exists and not is_dir:
+        if not p.is_file():  # a pipe or a device: read twice below (settings, then the sha256 recorded)
+            raise ConfigError(f"{path}: not a regular file; a space is read from a file")
         return p
-    if p.is_dir():  # said "no such space file" of a folder that is there
+    if is_dir:  # said "no such space file" of a folder that is there
         raise ConfigError(f"{path}: is a folder, not a space file")
     # a path with a folder names a file, never a shipped space: pathlib reads "./quickstart.yaml" as
     # "quickstart.yaml", which ran the shipped space for a user who meant the file in this folder
-    if "/" in path or os.sep in path or os.path.lexists(p):  # a dangling link named so is the user's file too
+    if "/" in path or os.sep in path or is_link:  # a dangling link named so is the user's file too
         raise ConfigError(f"{path}: no such space file")
     from importlib import resources
 
@@ -540,8 +543,11 @@ def shipped_spaces() -> list[str]:
 
 def load_space(path: str) -> SearchSpace:
     p = resolve_space_path(path)
-    raw = p.read_bytes()
-    data = read_yaml(p)
+    data = read_yaml(p)  # one line for what cannot be read (permissions, /proc files, pipes)
+    try:
+        raw = p.read_bytes()  # for the space's sha256, once read_yaml has accepted it
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
     return parse_space(data, source=str(path), sha256=hashlib.sha256(raw).hexdigest(), strict=True)
 
 

@@ -74,6 +74,28 @@ def test_a_space_path_in_a_missing_folder_never_runs_a_shipped_space(tmp_path, c
     assert resolve_space_path("quickstart").name == "quickstart.yaml"  # the bare name still finds it
 
 
+def test_paths_the_system_will_not_look_at_and_line_breaks_in_values_are_one_line(tmp_path, capsys, monkeypatch):
+    """A tester's finds: a path component over 255 bytes was an OSError traceback (train, profile and
+    search: pathlib swallows only 'no such file' and its kin); /dev/null as a space was "no such space
+    file"; a value holding a line break was echoed raw, splitting the error over two lines; `ui` with a
+    refused --port or --host wrote the default store's mlruns/ before refusing."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TRIACCEL_TUNE_DIR", str(tmp_path / "tune"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    long = "a" * 300
+    _one_line(capsys, ["train", "--config", long], f"{long}: cannot read it (File name too long)")
+    _one_line(capsys, ["profile", "--config", long], "cannot read it (File name too long)")
+    for space in (long, f"{long}.yaml", f"{tmp_path}/{long}/x.yaml"):
+        _one_line(capsys, ["search", "--space", space], "cannot read it (File name too long)")
+    _one_line(capsys, ["search", "--space", "/dev/null"], "/dev/null: not a regular file; a space is read from a file")
+    _one_line(capsys, ["train", "--config", "no\nfile"], "no\\nfile: no such file")
+    _one_line(capsys, ["train", "--config", str(ROOT / "configs" / "quickstart.yaml"), "--set", "a\nb=1"], "a\\nb")
+    for args, line in ((["--port", "99999"], "--port 99999: not a TCP port"),
+                       (["--host", "0.0.0.0"], "--host 0.0.0.0 exposes the UI")):
+        _one_line(capsys, ["ui", *args], line)
+    assert not list(tmp_path.iterdir())  # nothing written: no store, no search state
+
+
 def test_config_that_is_a_folder_or_a_pipe(tmp_path, capsys):
     """`--config DIR` said "no such file" of a folder that is there (`--space DIR` "no such space
     file"); `--config <(sed ... c.yaml)` (a pipe, /dev/fd/N) said "no such file" and did not train."""

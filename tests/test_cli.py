@@ -55,6 +55,7 @@ def test_bad_input_is_one_line(tmp_path, setup, args, match):
     (["search", "--trials", "many", "--space", "s.yaml"], "search: argument --trials: invalid int value: 'many'"),
     (["export", "x", "--pick"], "export: argument --pick: expected one argument"),
     (["frob"], "invalid choice: 'frob'"),
+    (["train", "--config", "c.yaml", "x\ny"], "train: unrecognized arguments: x\\ny"),  # the break escaped
     (["train", "--config", "c.yaml", "--bogus"], "train: unrecognized arguments: --bogus (`triaccel train --help`"),
 ])
 def test_a_bad_command_line_is_one_line_not_a_usage_block(tmp_path, args, match):

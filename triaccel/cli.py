@@ -103,7 +103,13 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         cmd = self.prog.removeprefix("triaccel").strip()
         where = f"{cmd}: " if cmd else ""
-        self.exit(2, f"triaccel: error: {where}{message} (`{self.prog} --help` lists the options)\n")
+        self.exit(2, f"triaccel: error: {one_line(where + message)} (`{self.prog} --help` lists the options)\n")
+
+
+def one_line(message: str) -> str:
+    """An error message on one line: a value that holds a line break (`--config $'a\\nb'`) is
+    echoed with it escaped, as argparse's own messages do."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -163,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"triaccel: interrupted: {e}", file=sys.stderr)
         return 143 if errors.TERMINATED else 130
     except TriAccelError as e:
-        print(f"triaccel: error: {e}", file=sys.stderr)
+        print(f"triaccel: error: {one_line(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("triaccel: interrupted", file=sys.stderr)

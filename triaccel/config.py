@@ -632,12 +632,23 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def path_kind(p: Path) -> tuple[bool, bool, bool]:
+    """(is a folder, exists, is a link) of ``p``; a path the system will not look at (a name over 255
+    bytes, a folder on the way that cannot be entered) is one line naming it, not an OSError traceback
+    (pathlib swallows only 'no such file' and its kin)."""
+    try:
+        return p.is_dir(), p.exists(), p.is_symlink()
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read it ({e.strerror or e})") from None
+
+
 def read_yaml(path: str | Path) -> dict:
     p = Path(path)
-    if p.is_dir():  # said "no such file" of a folder that is there
+    is_dir, exists, is_link = path_kind(p)
+    if is_dir:  # said "no such file" of a folder that is there
         raise ConfigError(f"{p}: is a folder, not a YAML file")
-    if not p.exists():
-        if p.is_symlink():  # a link loop or a dangling link was "no such file" of a link that is there
+    if not exists:
+        if is_link:  # a link loop or a dangling link was "no such file" of a link that is there
             raise ConfigError(f"{p}: a symbolic link that leads to no file (a loop, or its target is missing)")
         raise ConfigError(f"{p}: no such file")
     try:
