@@ -160,9 +160,13 @@ class StepGraphs:
         self.release()
         self.resets += 1
         if self.disabled is None:
-            torch.cuda.synchronize(self.device)
-            torch.cuda.empty_cache()  # the old pool's blocks go back to the device
-            self.pool = torch.cuda.graph_pool_handle()
+            self._new_pool()
+
+    def _new_pool(self) -> None:
+        """A new pool for the next recordings; the old one's free blocks go back to the device."""
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        self.pool = torch.cuda.graph_pool_handle()
 
     def _warmup_for(self, key) -> int:
         """Eager occurrences before recording: cuDNN's autotuner runs kernels when it meets a new
@@ -188,9 +192,7 @@ class StepGraphs:
             # and a new pool: the old one may still hold what no graph owns (cuBLAS's workspace for the
             # capture stream), and recording into a pool whose graphs are all gone trips the allocator's
             # use_count assert (torch 2.11, reproduced on the H200; vllm#28426)
-            torch.cuda.synchronize(self.device)
-            torch.cuda.empty_cache()
-            self.pool = torch.cuda.graph_pool_handle()
+            self._new_pool()
 
         r0, a0 = torch.cuda.memory_reserved(self.device), torch.cuda.memory_allocated(self.device)
         sx, sy = x.clone(), y.clone()
