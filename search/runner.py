@@ -743,6 +743,16 @@ def parent_run(name: str, space: SearchSpace, uri: str, shared: int | None = Non
     return run.info.run_id
 
 
+def _free_device() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def run_alone(name: str, uri: str, cfg, tags: dict, label: str) -> dict | None:
     """Train one configuration alone on the device, in this process, as a child run of the
     search: the baselines and the confirm re-runs. The summary, or None if it failed."""
@@ -760,15 +770,18 @@ def run_alone(name: str, uri: str, cfg, tags: dict, label: str) -> dict | None:
     trainer = build_trainer(cfg, [logger], log=lambda *a: None)
     try:
         s = trainer.fit()
+        s["wall_s"], epoch = time.perf_counter() - t0, trainer.epoch
     except TriAccelError as e:
         logger.finish("FAILED", reason=f"{type(e).__name__}: {e}")
         print(f"{label}: FAILED {e}", flush=True)
         return None
-    s["wall_s"] = time.perf_counter() - t0
+    finally:  # the next run alone gets the device as this one found it (graphs' pool, model, data)
+        del trainer
+        _free_device()
     log_metrics(logger.client, logger.run_id, {"efficiency": s["efficiency"], "val_acc": s["val_acc"],
                                                "epoch_time_last5_s": s["epoch_time_last5_s"],
-                                               "peak_mem_gib": s["peak_mem_gib"], "epoch": trainer.epoch,
-                                               "wall_s": s["wall_s"], "gpu_share": 1.0}, step=trainer.epoch)
+                                               "peak_mem_gib": s["peak_mem_gib"], "epoch": epoch,
+                                               "wall_s": s["wall_s"], "gpu_share": 1.0}, step=epoch)
     logger.finish()
     return s
 

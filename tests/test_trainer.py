@@ -166,8 +166,11 @@ def test_oom_beyond_recovery_is_a_clear_error():
         t.fit()
 
 
-def test_resume_from_checkpoint_is_identical(tmp_path):
-    cfg = small_cfg(**{"epochs": 3})
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_resume_from_checkpoint_is_identical(tmp_path, device):
+    """On CUDA too: load() maps the checkpoint to the device, generator states included."""
+    cfg = small_cfg(**{"epochs": 3, "device": device})
     full = Trainer(cfg, log=lambda *a: None).setup()
     full.fit()
 
@@ -183,7 +186,8 @@ def test_resume_from_checkpoint_is_identical(tmp_path):
     resumed.load(tmp_path / "ck.pt")
     resumed.fit()
     assert resumed.epoch == 3 and len(resumed.history.epochs) == 3
-    assert _maxdiff(_params(full.model), _params(resumed.model)) < 1e-6
+    # cuDNN's backward kernels may sum in another order from run to run
+    assert _maxdiff(_params(full.model), _params(resumed.model)) < (1e-6 if device == "cpu" else 1e-3)
 
 
 @pytest.mark.parametrize("mode", ["fp32", "amp"])
@@ -331,3 +335,15 @@ def test_padded_eval_batches_give_the_same_accuracy_and_loss():
     assert set(seen) == {50} and n_plain[-1] == len(t.val_data) % 50  # one shape, against a short last batch
     assert padded[0] == pytest.approx(plain[0]) and padded[1] == pytest.approx(plain[1], rel=1e-5)
     assert t.evaluate(t.val_data) == plain  # on a CPU it does not pad
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA allocator's peak")
+def test_peak_memory_leaves_out_what_the_process_held_before_the_run():
+    """A search's baselines run one after another in one process: another run's tensors, still
+    held, are not this run's memory (on the H200 one baseline read 0.65 GiB against 0.39 alone)."""
+    cfg = small_cfg(**{"epochs": 1, "device": "cuda"})
+    alone = Trainer(cfg, log=lambda *a: None).setup().fit()["peak_mem_gib"]
+    hog = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda")  # 64 MiB held by "an earlier run"
+    beside = Trainer(cfg, log=lambda *a: None).setup().fit()["peak_mem_gib"]
+    del hog
+    assert abs(beside - alone) * 2**30 < 2**20, (alone, beside)

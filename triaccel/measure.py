@@ -6,7 +6,8 @@
   counter is reset, so neither reset hides the other's peak.
   On CUDA the figure is the caching allocator's ``max_memory_allocated`` (live tensors, not the
   cache, not the CUDA context); minus the bytes of the resident dataset, which a host pipeline
-  would keep on the host. On CPU there is no allocator counter, so the meter counts what
+  would keep on the host, and minus what the process held before the run began (another run's
+  tensors in the same process). On CPU there is no allocator counter, so the meter counts what
   training holds: parameters, gradients, optimizer state, and the bytes autograd saves for
   backward (deduplicated by storage), the part that grows with the batch. It is labelled
   ``source`` so nobody mistakes one for the other.
@@ -33,7 +34,7 @@ class MemoryMeter:
         self.device = device
         self.cuda = device.type == "cuda"
         self.source = "cuda_allocator" if self.cuda else "cpu_tensor_accounting"
-        self.baseline = baseline_bytes  # bytes not counted (the resident dataset on CUDA)
+        self.baseline = baseline_bytes  # bytes not counted (the resident dataset, earlier runs' tensors)
         self._epoch_peak = 0
         self._persistent = 0  # CPU: params + grads + optimizer state
         self._saved = 0  # CPU: bytes saved for backward in the current forward

@@ -240,6 +240,8 @@ class Trainer:
         # ---- data: held-out validation split; test touched only by the final evaluation
         self.splits = load_splits(cfg.data)
         sp, dc = self.splits, cfg.data
+        if self.device.type == "cuda":
+            gc.collect()  # an earlier run's garbage goes now, not mid-run under this run's meter baseline
         before = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
         mk = lambda s, aug, seed: ResidentData(s, self.device, sp.mean, sp.std, augment=aug and dc.augment,
                                                padding=dc.crop_padding, resident=dc.device_resident, seed=seed,
@@ -248,6 +250,10 @@ class Trainer:
         self.val_data = mk(sp.val, False, 0)
         self.test_data = mk(sp.test, False, 0)
         data_bytes = (torch.cuda.memory_allocated(self.device) - before) if self.device.type == "cuda" else 0
+        # not this run's: tensors the process held before it (an earlier run in the same process not
+        # yet collected: a search's baselines run one after another in its driver; on the H200 one
+        # read 0.65 GiB against 0.39 alone and lost its place to a slower baseline)
+        held_before = before
         self.sampler = ElasticSampler(len(self.train_data), seed=cfg.seed,
                                       device=self.device if dc.device_resident else None)
 
@@ -282,7 +288,7 @@ class Trainer:
         # ---- knobs the control loop turns
         self.batch_size = cfg.batch_size
         self.micro_batch = math.ceil(cfg.batch_size / cfg.accum_steps)
-        self.meter = MemoryMeter(self.device, baseline_bytes=data_bytes)
+        self.meter = MemoryMeter(self.device, baseline_bytes=held_before + data_bytes)
         self.graphs: StepGraphs | None = None  # captured micro-batches (triaccel.capture)
         if cfg.capture:
             if self.device.type == "cuda":
@@ -666,8 +672,10 @@ class Trainer:
                              cudnn_benchmark=s.get("cudnn_benchmark")))
         for cb, st in zip(self.callbacks, s["callbacks"]):
             cb.load_state_dict(st)
-        torch.set_rng_state(s["rng"]["torch"])
-        self.train_data.gen.set_state(s["rng"]["data"])
+        # generator states are CPU byte tensors; load() maps the whole checkpoint to the device, and
+        # set_state refuses a CUDA tensor (a search resumed on the H200 failed every trial here)
+        torch.set_rng_state(s["rng"]["torch"].cpu())
+        self.train_data.gen.set_state(s["rng"]["data"].cpu())
         if s["rng"].get("cuda") is not None and self.device.type == "cuda":
             torch.cuda.set_rng_state(s["rng"]["cuda"].cpu(), self.device)
         if s["rng"].get("python") is not None:
