@@ -41,8 +41,9 @@ for s in "$@"; do
                  --out "$out/h200_search_capture.json" ;;  # issue 13: a packed search, eager vs captured step
     space10)   python3 bench/search_vs_static.py --data-dir $data --imagefolder --space spaces/cifar10_resnet18.yaml \
                  --trials 4 --search-only --out "$out/h200_search_cifar10_space.json" --work /tmp/svs10 ;;  # issue 12
-    space10finals) python3 bench/search_vs_static.py --data-dir $data --imagefolder \
-                 --tuned bench/results/h200_search_cifar10_space.tuned.yaml --space spaces/cifar10_resnet18.yaml \
+    space10finals) # the export the space10 section wrote to OUTDIR (run space10 first)
+               python3 bench/search_vs_static.py --data-dir $data --imagefolder \
+                 --tuned "$out/h200_search_cifar10_space.tuned.yaml" --space spaces/cifar10_resnet18.yaml \
                  --static fp16:96:captured,bf16:96:captured,fp16:256:captured --static-once fp16:512:captured,bf16:512 \
                  --seeds 0,1,2 --epochs 8 --out "$out/h200_search_cifar10_space_finals.json" ;;  # issue 12: 3 seeds
     effnet224diag) python3 bench/effnet224_diag.py --data-dir $data --subset 10 --epochs 2 --timeout 240 \

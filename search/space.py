@@ -16,6 +16,8 @@ A space file (``spaces/*.yaml``)::
       amp_dtypes: [bf16]          # default: train.amp_dtype ([] batch_sizes: no baseline)
       capture: [false, true]      # eager and/or captured step (CUDA graphs); default [false]: eager
       accuracy_margin: 0.5        # pp a trial may fall below the reference baseline (default 0.5)
+      second_look: 1.0            # pp beyond the margin a trial is re-run at the next seed with the
+                                  # reference and judged by the mean gap (default 1.0; 0: never)
     start:                        # trials Optuna runs first, as given (any subset of the params;
       - {triaccel.precision.tau_low: 1000.0}   # the rest sampled): a known-good point to beat
     params:                       # the searched keys (dotted TrainConfig paths); tau in units of the median
@@ -59,7 +61,7 @@ from triaccel.errors import ConfigError
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "categorical")
 TOP_KEYS = {"name", "objective", "trials", "concurrency", "gpus_per_trial", "cpus_per_trial", "scheduler",
             "sampler", "seed", "grace_period", "train", "params", "description", "baseline", "start"}
-BASELINE_KEYS = {"batch_sizes", "amp_dtypes", "capture", "accuracy_margin"}
+BASELINE_KEYS = {"batch_sizes", "amp_dtypes", "capture", "accuracy_margin", "second_look"}
 PARAM_KEYS = {"distribution", "low", "high", "step", "choices", "above"}
 DIST_KEYS = {"uniform": {"distribution", "low", "high", "above"}, "loguniform": {"distribution", "low", "high", "above"},
              "int": {"distribution", "low", "high", "step", "above"}, "categorical": {"distribution", "choices", "above"}}
@@ -97,6 +99,7 @@ class SearchSpace:
     baseline_dtypes: list = field(default_factory=list)
     baseline_capture: list = field(default_factory=lambda: [False])
     margin: float = 0.5
+    second_look: float = 1.0  # pp beyond the margin that earns a trial a second seed (results.to_recheck)
     start: list = field(default_factory=list)  # points to evaluate first, in Optuna's names (``sampled``)
     source: str = "<dict>"
     sha256: str = ""
@@ -434,7 +437,7 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "", strict: bo
         grace_period=opt("grace_period", int, 1, lambda v: v >= 1, "must be >= 1"),
         source=source, sha256=sha256, raw=copy.deepcopy(data))
     (space.baseline_batches, space.baseline_dtypes, space.baseline_capture,
-     space.margin) = _baseline(src, data.get("baseline"), base)
+     space.margin, space.second_look) = _baseline(src, data.get("baseline"), base)
     space.start = _start(src, data.get("start"), space)
     if space.grace_period > base.epochs:
         raise _err(src, "grace_period", f"must be <= train.epochs ({base.epochs})")
@@ -485,7 +488,7 @@ def _start(src: str, spec, space: SearchSpace) -> list:
     return out
 
 
-def _baseline(src: str, spec, base: TrainConfig) -> tuple[list, list, list, float]:
+def _baseline(src: str, spec, base: TrainConfig) -> tuple[list, list, list, float, float]:
     """The ``baseline`` section: batch sizes, AMP dtypes, steps and the accuracy margin, checked."""
     if spec is None:
         spec = {}
@@ -509,7 +512,11 @@ def _baseline(src: str, spec, base: TrainConfig) -> tuple[list, list, list, floa
     margin = _num(src, "baseline.accuracy_margin", spec.get("accuracy_margin", 0.5), "accuracy_margin")
     if margin < 0:
         raise _err(src, "baseline.accuracy_margin", f"must be >= 0 (percentage points), got {margin}")
-    return sorted(set(sizes)), list(dict.fromkeys(dtypes)), list(dict.fromkeys(capture)), float(margin)
+    look = _num(src, "baseline.second_look", spec.get("second_look", 1.0), "second_look")
+    if not 0 <= look <= 100:
+        raise _err(src, "baseline.second_look", f"must be in [0, 100] (percentage points), got {look}")
+    return (sorted(set(sizes)), list(dict.fromkeys(dtypes)), list(dict.fromkeys(capture)), float(margin),
+            float(look))
 
 
 def resolve_space_path(path: str) -> Path:

@@ -151,3 +151,44 @@ def test_console_numbers_go_on_after_a_resume(capsys):
     t[0].status = "TERMINATED"
     fresh.on_trial_complete(0, t, t[1])
     assert [ln.split()[1] for ln in capsys.readouterr().out.splitlines()] == ["1/2", "2/2"]
+
+
+def _recheck(rid, eff, acc, confirms=None, curve=None):
+    r = run(rid, eff, acc, role="recheck", curve=curve, **({"confirms": confirms} if confirms else {}))
+    if confirms is None:
+        r["tags"]["triaccel.baseline"] = "b512"  # the reference's second seed
+    return r
+
+
+def test_a_trial_infeasible_by_a_hair_gets_a_second_seed_and_the_mean_gap_decides():
+    # reference b512: 83.0 at epoch 4; margin 0.5, second look within 1.0 pp beyond it (down to -1.5)
+    rows = [run("near", 90.0, 82.2), run("far", 95.0, 81.0), run("ok", 80.0, 83.2),
+            run("slow-near", 40.0, 82.3), run("start-near", 30.0, 82.4, **{"triaccel.start": "true"})]
+    o = R.outcome(rows, [], BASE, epochs=4)
+    assert [x.row["run_id"] for x in o.feasible] == ["ok"]
+    # top 2 among the feasible and the near misses by score, and every near-miss start point;
+    # "far" (-2.0 pp) is past the band, "ok" needs no second look
+    assert [x.row["run_id"] for x in R.to_recheck(o, 2)] == ["near", "start-near"]
+    assert [x.row["run_id"] for x in R.to_recheck(o, 5)] == ["near", "slow-near", "start-near"]
+    assert R.to_recheck(o, 0) == [] and R.to_recheck(R.outcome(rows, [], BASE, epochs=4, band=0.0), 3) == []
+    assert R.pick(o, "efficiency", "best").row["run_id"] == "ok"
+
+    ref2 = _recheck("b512-seed1", 500.0, 84.0, curve=[50.0, 66.0, 79.0, 84.0])  # never the reference
+    looks = [_recheck("near-seed1", 88.0, 84.1, confirms="near"),  # +0.1: mean -0.35, feasible
+             _recheck("start-near-seed1", 35.0, 82.0, confirms="start-near")]  # -2.0: mean -1.3
+    o = R.outcome(rows, [], BASE, epochs=4, rechecks=[ref2, *looks])
+    assert o.reference["run_id"] == "b512"
+    near = next(x for x in o.ranked if x.row["run_id"] == "near")
+    assert near.feasible and near.confirmed and near.gaps == pytest.approx((-0.8, 0.1))
+    assert near.gap == pytest.approx(-0.35) and near.measured["efficiency"] == 88.0  # alone, not shared
+    start = next(x for x in o.ranked if x.row["run_id"] == "start-near")
+    assert not start.feasible and start.gap == pytest.approx(-1.3)
+    assert [x.row["run_id"] for x in R.to_recheck(o, 5)] == ["slow-near"]  # looked at once only
+    p = R.pick(o, "efficiency", "best")
+    assert p.kind == "trial" and p.row["run_id"] == "near"  # the only confirmed feasible trial
+    assert o.runs[-3:] == [ref2, *looks]  # their device time is the search's cost
+
+    # without the reference's second seed a trial's own second seed decides nothing
+    o = R.outcome(rows, [], BASE, epochs=4, rechecks=looks)
+    assert not next(x for x in o.ranked if x.row["run_id"] == "near").feasible
+    assert R.pick(o, "efficiency", "best").row["run_id"] == "ok"

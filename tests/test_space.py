@@ -164,6 +164,8 @@ _EVERY = "triaccel.control_every"
     (_with(seed=2**32), "seed: must be in [0, 2**32)"),
     (_with(baseline={"accuracy_margin": float("nan")}),
      "baseline.accuracy_margin: accuracy_margin must be a finite number, got nan"),
+    (_with(baseline={"second_look": -1}), "baseline.second_look: must be in [0, 100] (percentage points), got -1"),
+    (_with(baseline={"second_look": "x"}), "baseline.second_look: second_look must be a number, got 'x'"),
 ])
 def test_bad_bounds_steps_and_counts_are_one_line_naming_the_key(data, match):
     with pytest.raises(ConfigError) as e:
