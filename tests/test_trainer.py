@@ -368,8 +368,9 @@ def test_peak_memory_leaves_out_what_the_process_held_before_the_run():
     """A search's baselines run one after another in one process: another run's tensors, still
     held, are not this run's memory (on the H200 one baseline read 0.65 GiB against 0.39 alone)."""
     cfg = small_cfg(**{"epochs": 1, "device": "cuda"})
+    Trainer(cfg, log=lambda *a: None).setup().fit()  # cuDNN's autotuning (its trial workspaces) done once
     alone = Trainer(cfg, log=lambda *a: None).setup().fit()["peak_mem_gib"]
     hog = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda")  # 64 MiB held by "an earlier run"
     beside = Trainer(cfg, log=lambda *a: None).setup().fit()["peak_mem_gib"]
     del hog
-    assert abs(beside - alone) * 2**30 < 2**20, (alone, beside)
+    assert abs(beside - alone) * 2**30 < 8 * 2**20, (alone, beside)
