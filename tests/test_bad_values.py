@@ -47,6 +47,22 @@ def test_bad_value_is_one_line_and_nothing_is_written(tmp_path, setting, match):
     assert "epoch" not in r.stdout  # nothing trained
 
 
+def test_a_bad_value_is_named_where_it_was_typed(tmp_path):
+    """A value from --set is named as --set KEY (it was named as the config file's, which does not
+    hold it); one from the file, by the file."""
+    r = _train(tmp_path, "seed=5", "seed=-1")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "triaccel: error: --set seed: must be in [0, 2**32), got -1"], r.stderr[-2000:]
+    r = _train(tmp_path, "optim={lr: x}")
+    assert r.stderr.strip().splitlines() == ["triaccel: error: --set optim: optim.lr: must be a number, got 'x'"]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text((ROOT / "configs" / "quickstart.yaml").read_text().replace("seed: 0", "seed: -1", 1))
+    r = subprocess.run([sys.executable, "-m", "triaccel.cli", "train", "--config", str(cfg), "--set", "epochs=1"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"triaccel: error: {cfg}: seed: must be in [0, 2**32), got -1"], r.stderr[-2000:]
+
+
 def test_two_processes_open_a_fresh_store_together(tmp_path):
     """#14 case 8: two searches started together on a new sqlite store raced in MLflow's schema
     migrations and one died; the store is created under a file lock now."""

@@ -692,13 +692,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     data = dict(base or {})
     if path is not None:
         data = read_yaml(path)
-    for k, v in parse_overrides(overrides or []):
+    sets = parse_overrides(overrides or [])
+    for k, v in sets:
         set_dotted(data, k, v)
     try:
         cfg = from_dict(TrainConfig, data)
         cfg.data.check_read()
         return cfg
     except ConfigError as e:
+        # a value given with --set is named as the user typed it, not as the config file's (the last
+        # --set of a key wins, as it does in the config)
+        key = str(e).split(": ", 1)[0]
+        typed = [k for k, _ in sets if key == k or key.startswith(k + ".")]
+        if typed:
+            raise ConfigError(f"--set {typed[-1]}: {str(e).split(': ', 1)[-1] if key == typed[-1] else e}") from None
         if path is not None:
             raise ConfigError(f"{path}: {e}") from None
         raise
