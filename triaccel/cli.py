@@ -112,12 +112,25 @@ def one_line(message: str) -> str:
     return message.replace("\r", "\\r").replace("\n", "\\n")
 
 
+class _Once(argparse.Action):
+    """An option that takes one value: given twice, argparse kept the last without a word
+    (`--config a.yaml --config b.yaml` trained b); an empty path was read as the current folder."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"{option_string} given twice ({getattr(namespace, self.dest)!r} and {value!r}): give one")
+        if value == "":
+            parser.error(f"{option_string} '': an empty path; give a YAML file")
+        setattr(namespace, self.dest, value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="triaccel", description="Tri-Accel training and threshold search")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train one run from a config YAML")
-    t.add_argument("--config", required=True, help="training config YAML (configs/*.yaml, or an exported one)")
+    t.add_argument("--config", required=True, action=_Once,
+                   help="training config YAML (configs/*.yaml, or an exported one)")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set optim.lr=0.1 (repeatable)")
     t.set_defaults(func=cmd_train)
@@ -131,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     # defined here, not in triaccel.profile: importing that (torch) made `triaccel --help` take 2 s, and a
     # Ctrl-C in those seconds printed a traceback
     pr = sub.add_parser("profile", help="find the real bottleneck of a config before tuning anything")
-    pr.add_argument("--config", required=True)
+    pr.add_argument("--config", required=True, action=_Once)
     pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     pr.add_argument("--steps", type=int, default=20, help="timed steps per measurement (medians)")
     pr.add_argument("--warmup", type=int, default=5)
