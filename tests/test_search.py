@@ -493,6 +493,7 @@ def test_a_trial_just_below_the_margin_gets_a_second_seed_beside_the_reference(t
                                                            "second_look": 100.0})
     space["params"] = {"optim.lr": {"distribution": "categorical", "choices": [0.05, 0.002]}}
     space["start"] = [{"optim.lr": 0.002}]
+    space["train"] = dict(SPACE["train"], epochs=1)
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     r = cli("search", "--space", "space.yaml", "--name", "s2", "--confirm", "1", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
