@@ -14,8 +14,9 @@ Every reader of a search (the parent run's summary, the console table, ``export`
   the reference's at the same epoch. Accuracy is a constraint, not a term the score trades.
 - **Second look**: a trial infeasible by less than ``band`` pp beyond the margin (single-seed
   accuracy after a few epochs moves by ~0.5 pp, so a config as accurate as the reference lands
-  there about one time in four) is re-run alone at the next seed, and so is the reference; it is
-  then judged by the mean of its two paired gaps, and by its alone figures.
+  there about one time in four) is confirmed alone and re-run alone at the reference's next
+  seed, as the reference is; it is then judged by the mean of its two paired gaps (its figures
+  stay those of its own seed, the exported config's).
 - **Best**: the highest measured efficiency among complete, feasible trials; among confirmed
   ones only, where any were confirmed. It is exported only when it beats the reference;
   otherwise the reference itself is the pick ("nothing feasible beat the baseline").
@@ -127,6 +128,7 @@ class Ranked:
     ratio: float | None
     gap: float | None
     gaps: tuple = ()  # the paired gaps a second look averaged (first seed, second seed)
+    second_runs: tuple = ()  # the second look's runs: (the trial's, the reference's) at the next seed
 
 
 @dataclass
@@ -174,15 +176,12 @@ def outcome(rows: list[dict], confirms: list[dict], baselines: list[dict], epoch
     for r in rows:
         if is_complete(r, epochs):
             m = conf.get(r["run_id"], r["metrics"])
-            gap, two = acc_gap(m, ref), second.get(r["run_id"])
-            if two is not None and ref2 is not None and gap is not None:
-                g2 = curve_gap(two["metrics"], ref2.get("curve") or [ref2["metrics"]["val_acc"]])
-                gaps, gap = (gap, g2), (gap + g2) / 2
-                if r["run_id"] not in conf:  # its figures alone (at the second seed), not shared
-                    m = two["metrics"]
-                out.ranked.append(Ranked(r, m, True, gap >= -margin, ratio(m, ref), gap, gaps))
-                continue
-            out.ranked.append(Ranked(r, m, r["run_id"] in conf, feasible(m, ref, margin), ratio(m, ref), gap))
+            gap, two, gaps, runs = acc_gap(m, ref), second.get(r["run_id"]), (), ()
+            if two is not None and ref2 is not None and gap is not None:  # judged on two seeds
+                gaps = (gap, curve_gap(two["metrics"], ref2.get("curve") or [ref2["metrics"]["val_acc"]]))
+                gap, runs = sum(gaps) / 2, (two["run_id"], ref2["run_id"])
+            ok = feasible(m, ref, margin) if not gaps else gap >= -margin
+            out.ranked.append(Ranked(r, m, r["run_id"] in conf, ok, ratio(m, ref), gap, gaps, runs))
         elif is_stopped(r, epochs):
             out.stopped.append(r)
         elif r["status"] == "FAILED":
@@ -210,7 +209,8 @@ def to_recheck(o: Outcome, k: int) -> list:
     """The trials a second look re-runs at the next seed: infeasible by less than ``band`` pp
     beyond the margin, not yet looked at twice, and either among the top K of the feasible and
     these by their score, or a start point (the space's nearest point to the reference). None
-    where K is 0 or the band is."""
+    where K is 0 or the band is. (ASHA tends to stop sampled near misses early, as infeasible
+    trials rank below feasible ones: start points, which it never stops, are the usual ones.)"""
     if k <= 0 or o.band <= 0 or o.reference is None:
         return []
     near = lambda r: not r.feasible and not r.gaps and r.gap is not None and r.gap >= -(o.margin + o.band)

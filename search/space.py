@@ -16,8 +16,8 @@ A space file (``spaces/*.yaml``)::
       amp_dtypes: [bf16]          # default: train.amp_dtype ([] batch_sizes: no baseline)
       capture: [false, true]      # eager and/or captured step (CUDA graphs); default [false]: eager
       accuracy_margin: 0.5        # pp a trial may fall below the reference baseline (default 0.5)
-      second_look: 1.0            # pp beyond the margin a trial is re-run at the next seed with the
-                                  # reference and judged by the mean gap (default 1.0; 0: never)
+      second_look: 1.0            # with the confirm runs: pp beyond the margin a trial is re-run at the
+                                  # next seed beside the reference, judged by the mean gap (1.0; 0: never)
     start:                        # trials Optuna runs first, as given (any subset of the params;
       - {triaccel.precision.tau_low: 1000.0}   # the rest sampled): a known-good point to beat
     params:                       # the searched keys (dotted TrainConfig paths); tau in units of the median

@@ -55,6 +55,8 @@ def test_a_bad_value_is_named_where_it_was_typed(tmp_path):
         "triaccel: error: --set seed: must be in [0, 2**32), got -1"], r.stderr[-2000:]
     r = _train(tmp_path, "optim={lr: x}")
     assert r.stderr.strip().splitlines() == ["triaccel: error: --set optim: optim.lr: must be a number, got 'x'"]
+    r = _train(tmp_path, "seed.x=1")
+    assert r.stderr.strip().splitlines() == ["triaccel: error: --set seed.x: seed is not a section"]
     cfg = tmp_path / "c.yaml"
     cfg.write_text((ROOT / "configs" / "quickstart.yaml").read_text().replace("seed: 0", "seed: -1", 1))
     r = subprocess.run([sys.executable, "-m", "triaccel.cli", "train", "--config", str(cfg), "--set", "epochs=1"],

@@ -61,6 +61,7 @@ def test_bad_input_is_one_line(tmp_path, setup, args, match):
     (["train", "--config", "a.yaml", "--config", "b.yaml"], "train: --config given twice ('a.yaml' and 'b.yaml')"),
     (["profile", "--config=a.yaml", "--config", "b.yaml"], "profile: --config given twice ('a.yaml' and 'b.yaml')"),
     (["train", "--config", ""], "train: --config '': an empty path; give a YAML file"),
+    (["train", "--config", " "], "train: --config ' ': an empty path; give a YAML file"),
 ])
 def test_a_bad_command_line_is_one_line_not_a_usage_block(tmp_path, args, match):
     """argparse printed its usage block (up to six lines for `search`) above the error; the error

@@ -153,17 +153,25 @@ def test_console_numbers_go_on_after_a_resume(capsys):
     assert [ln.split()[1] for ln in capsys.readouterr().out.splitlines()] == ["1/2", "2/2"]
 
 
-def _recheck(rid, eff, acc, confirms=None, curve=None):
-    r = run(rid, eff, acc, role="recheck", curve=curve, **({"confirms": confirms} if confirms else {}))
+def _recheck(rid, eff, acc, confirms=None, curve=None, status="FINISHED", label="b512"):
+    r = run(rid, eff, acc, role="recheck", curve=curve, status=status, **({"confirms": confirms} if confirms else {}))
     if confirms is None:
-        r["tags"]["triaccel.baseline"] = "b512"  # the reference's second seed
+        r["tags"]["triaccel.baseline"] = label  # a reference's second seed
+    else:
+        del r["tags"]["triaccel.baseline"]
+    return r
+
+
+def _confirm(rid, eff, acc, confirms):
+    r = run(rid, eff, acc, role="confirm", confirms=confirms)
+    r["confirms"] = confirms
     return r
 
 
 def test_a_trial_infeasible_by_a_hair_gets_a_second_seed_and_the_mean_gap_decides():
     # reference b512: 83.0 at epoch 4; margin 0.5, second look within 1.0 pp beyond it (down to -1.5)
     rows = [run("near", 90.0, 82.2), run("far", 95.0, 81.0), run("ok", 80.0, 83.2),
-            run("slow-near", 40.0, 82.3), run("start-near", 30.0, 82.4, **{"triaccel.start": "true"})]
+            run("slow-near", 40.0, 82.3), run("start-near", 30.0, 81.8, **{"triaccel.start": "true"})]
     o = R.outcome(rows, [], BASE, epochs=4)
     assert [x.row["run_id"] for x in o.feasible] == ["ok"]
     # top 2 among the feasible and the near misses by score, and every near-miss start point;
@@ -173,22 +181,32 @@ def test_a_trial_infeasible_by_a_hair_gets_a_second_seed_and_the_mean_gap_decide
     assert R.to_recheck(o, 0) == [] and R.to_recheck(R.outcome(rows, [], BASE, epochs=4, band=0.0), 3) == []
     assert R.pick(o, "efficiency", "best").row["run_id"] == "ok"
 
+    # the second look confirms each alone at its seed, then runs it and the reference at the next seed
+    confirms = [_confirm("c-near", 120.0, 82.2, "near"), _confirm("c-start", 110.0, 81.8, "start-near")]
     ref2 = _recheck("b512-seed1", 500.0, 84.0, curve=[50.0, 66.0, 79.0, 84.0])  # never the reference
-    looks = [_recheck("near-seed1", 88.0, 84.1, confirms="near"),  # +0.1: mean -0.35, feasible
-             _recheck("start-near-seed1", 35.0, 82.0, confirms="start-near")]  # -2.0: mean -1.3
-    o = R.outcome(rows, [], BASE, epochs=4, rechecks=[ref2, *looks])
+    looks = [_recheck("near-seed1", 88.0, 84.1, confirms="near"),  # -0.8 and +0.1: mean -0.35, feasible
+             _recheck("start-near-seed1", 35.0, 84.1, confirms="start-near")]  # -1.2 and +0.1: mean -0.55
+    noise = [_recheck("b512-cut", 1.0, 99.0, status="RUNNING", curve=[99.0] * 4),  # a crash's leftovers
+             _recheck("b512-failed", 1.0, 99.0, status="FAILED", curve=[99.0] * 4),
+             _recheck("b768-seed1", 1.0, 70.0, label="b768", curve=[70.0] * 4),  # another baseline's second seed
+             _recheck("start-near-cut", 1.0, 99.0, confirms="start-near", status="RUNNING")]
+    o = R.outcome(rows, confirms, BASE, epochs=4, rechecks=[*noise, ref2, *looks])
     assert o.reference["run_id"] == "b512"
     near = next(x for x in o.ranked if x.row["run_id"] == "near")
     assert near.feasible and near.confirmed and near.gaps == pytest.approx((-0.8, 0.1))
-    assert near.gap == pytest.approx(-0.35) and near.measured["efficiency"] == 88.0  # alone, not shared
+    # judged by the mean (the first seed alone says infeasible), by its figures at its own seed
+    assert near.gap == pytest.approx(-0.35) and near.measured["efficiency"] == 120.0
+    assert near.measured["val_acc"] == 82.2
     start = next(x for x in o.ranked if x.row["run_id"] == "start-near")
-    assert not start.feasible and start.gap == pytest.approx(-1.3)
+    # the mean again: the second seed alone, or the better of the two, would say feasible
+    assert start.gaps == pytest.approx((-1.2, 0.1)) and start.gap == pytest.approx(-0.55) and not start.feasible
     assert [x.row["run_id"] for x in R.to_recheck(o, 5)] == ["slow-near"]  # looked at once only
     p = R.pick(o, "efficiency", "best")
-    assert p.kind == "trial" and p.row["run_id"] == "near"  # the only confirmed feasible trial
-    assert o.runs[-3:] == [ref2, *looks]  # their device time is the search's cost
+    assert p.kind == "trial" and p.row["run_id"] == "near" and p.measured["efficiency"] == 120.0
+    assert all(r in o.runs for r in [ref2, *looks])  # their device time is the search's cost
 
-    # without the reference's second seed a trial's own second seed decides nothing
-    o = R.outcome(rows, [], BASE, epochs=4, rechecks=looks)
-    assert not next(x for x in o.ranked if x.row["run_id"] == "near").feasible
-    assert R.pick(o, "efficiency", "best").row["run_id"] == "ok"
+    # without the reference's second seed (or with only a cut-short one) a trial's own decides nothing
+    for rechecks in (looks, [noise[0], *looks]):
+        o = R.outcome(rows, confirms, BASE, epochs=4, rechecks=rechecks)
+        near = next(x for x in o.ranked if x.row["run_id"] == "near")
+        assert not near.feasible and near.gaps == () and near.gap == pytest.approx(-0.8)

@@ -119,8 +119,8 @@ class _Once(argparse.Action):
     def __call__(self, parser, namespace, value, option_string=None):
         if getattr(namespace, self.dest, None) is not None:
             parser.error(f"{option_string} given twice ({getattr(namespace, self.dest)!r} and {value!r}): give one")
-        if value == "":
-            parser.error(f"{option_string} '': an empty path; give a YAML file")
+        if not value.strip():
+            parser.error(f"{option_string} {value!r}: an empty path; give a YAML file")
         setattr(namespace, self.dest, value)
 
 

@@ -693,9 +693,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path is not None:
         data = read_yaml(path)
     sets = parse_overrides(overrides or [])
-    for k, v in sets:
-        set_dotted(data, k, v)
     try:
+        for k, v in sets:
+            set_dotted(data, k, v)
         cfg = from_dict(TrainConfig, data)
         cfg.data.check_read()
         return cfg
