@@ -137,12 +137,17 @@ def main():
         env = dict(os.environ, TRIACCEL_TUNE_DIR=str(work / "mlruns" / "tune"),
                    MLFLOW_TRACKING_URI=f"sqlite:///{work}/mlruns/mlflow.db")
         t0 = time.perf_counter()
-        r = subprocess.run([sys.executable, "-m", "triaccel.cli", "search", "--space", str(work / "space.yaml"),
-                            "--name", "bench"], cwd=work, env=env, capture_output=True, text=True)
-        search_rc = r.returncode
-        res["search"] = {"wall_s": time.perf_counter() - t0, "rc": r.returncode,
-                         "stdout_tail": r.stdout[-6000:], "stderr_tail": r.stderr[-3000:]}
-        print(r.stdout[-6000:], r.stderr[-2000:], flush=True)
+        # streamed as it runs (a search killed by a time limit left nothing when its output was captured)
+        p = subprocess.Popen([sys.executable, "-u", "-m", "triaccel.cli", "search", "--space",
+                              str(work / "space.yaml"), "--name", "bench"], cwd=work, env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        lines = []
+        for line in p.stdout:
+            print(line, end="", flush=True)
+            lines.append(line)
+        search_rc = p.wait()
+        out = "".join(lines)
+        res["search"] = {"wall_s": time.perf_counter() - t0, "rc": search_rc, "stdout_tail": out[-6000:]}
         r = subprocess.run([sys.executable, "-m", "triaccel.cli", "export", "bench", "--out", str(work / "tuned.yaml"),
                             "--force"], cwd=work, env=env, capture_output=True, text=True)
         res["export"] = {"rc": r.returncode, "stdout": r.stdout[-3000:], "stderr": r.stderr[-2000:]}
