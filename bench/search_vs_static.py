@@ -116,6 +116,9 @@ def main():
                     help="search and export, then stop: the exported config lands beside --out")
     ap.add_argument("--work", default="/tmp/svs")
     ap.add_argument("--warm-epochs", type=int, default=2, help=WARM_HELP)
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE[,KEY=VALUE]",
+                    help="also train the exported config with these dotted settings changed, as run "
+                         "'exported LABEL', interleaved seed by seed (repeatable)")
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -178,10 +181,25 @@ def main():
         return (f"static amp {dt} B={b}" + (" captured" if "captured" in flags else "")
                 + (" torch-workspace" if "torchws" in flags else "")), d
 
+    variants = []
+    for v in args.variant:  # LABEL:key=value,key=value on the exported config
+        label, _, sets = v.partition(":")
+        d = copy.deepcopy(tuned)
+        for item in filter(None, sets.split(",")):
+            key, _, val = item.partition("=")
+            *path, last = key.strip().split(".")
+            node = d
+            for k in path:
+                node = node.setdefault(k, {})
+            node[last] = yaml.safe_load(val)
+        variants.append((f"exported {label}", d))
+    res["variants"] = args.variant
     seeds = [int(s) for s in args.seeds.split(",")]
     plan = []
     for i, seed in enumerate(seeds):
         plan.append(("exported", tuned, seed))
+        for label, d in variants:
+            plan.append((label, d, seed))
         for spec in [s for s in args.static.split(",") if s]:
             plan.append((*static_cfg(spec), seed))
         if i == 0:
@@ -209,6 +227,13 @@ def main():
                 res[f"ratio_exported_to_best_static{suffix}"] = (summary["exported"]["efficiency"]["mean"]
                                                                  / pool[best]["efficiency"]["mean"])
                 res[f"val_acc_diff_pp{suffix}"] = summary["exported"]["val_acc"]["mean"] - pool[best]["val_acc"]["mean"]
+        for label, _ in variants:  # each variant against the same best static run
+            if label in summary and res.get("best_static"):
+                best = summary[res["best_static"]]
+                res[f"ratio_{label.replace(' ', '_')}_to_best_static"] = (summary[label]["efficiency"]["mean"]
+                                                                          / best["efficiency"]["mean"])
+                res[f"val_acc_diff_pp_{label.replace(' ', '_')}"] = (summary[label]["val_acc"]["mean"]
+                                                                     - best["val_acc"]["mean"])
         res["summary"] = summary
         write(args.out, res)
 

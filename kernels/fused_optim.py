@@ -29,14 +29,26 @@ BLOCK = 2048
 
 
 @triton.jit
+def _bf16_rne(x):
+    """fp32 -> bf16, rounded to nearest even, by integer arithmetic: the interpreter's cast (CI)
+    truncates toward zero, and a truncated momentum drifts toward zero step after step."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = bits + 0x7FFF + ((bits >> 16) & 1)
+    return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
 def _sgd_kernel(table_ptr, lr_ptr, lr_mult, scale_ptr, found_inf_ptr, momentum, weight_decay,
                 HAS_MOMENTUM: tl.constexpr, NESTEROV: tl.constexpr, HAS_SCALE: tl.constexpr,
-                HAS_INF: tl.constexpr, BLOCK: tl.constexpr):
+                HAS_INF: tl.constexpr, STATE_BF16: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     row = table_ptr + pid * 7
     p_ptr = tl.load(row).to(tl.pointer_type(tl.float32))
     g_ptr = tl.load(row + 1).to(tl.pointer_type(tl.float32))
-    m_ptr = tl.load(row + 2).to(tl.pointer_type(tl.float32))
+    if STATE_BF16:  # the buffer is stored in bf16; the update computes in fp32
+        m_ptr = tl.load(row + 2).to(tl.pointer_type(tl.bfloat16))
+    else:
+        m_ptr = tl.load(row + 2).to(tl.pointer_type(tl.float32))
     start = tl.load(row + 3)
     n = tl.load(row + 4)
     group = tl.load(row + 6)
@@ -51,9 +63,12 @@ def _sgd_kernel(table_ptr, lr_ptr, lr_mult, scale_ptr, found_inf_ptr, momentum, 
     p = tl.load(p_ptr + offs, mask=mask, other=0.0)
     g = g + weight_decay * p
     if HAS_MOMENTUM:
-        m = tl.load(m_ptr + offs, mask=mask, other=0.0)
+        m = tl.load(m_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         m = momentum * m + g
-        tl.store(m_ptr + offs, m, mask=mask)
+        if STATE_BF16:
+            tl.store(m_ptr + offs, _bf16_rne(m), mask=mask)
+        else:
+            tl.store(m_ptr + offs, m, mask=mask)
         if NESTEROV:
             g = g + momentum * m
         else:
@@ -63,13 +78,17 @@ def _sgd_kernel(table_ptr, lr_ptr, lr_mult, scale_ptr, found_inf_ptr, momentum, 
 
 @triton.jit
 def _adamw_kernel(table_ptr, lr_ptr, lr_mult, scale_ptr, found_inf_ptr, step_ptr, beta1, beta2, eps, weight_decay,
-                  HAS_SCALE: tl.constexpr, HAS_INF: tl.constexpr, BLOCK: tl.constexpr):
+                  HAS_SCALE: tl.constexpr, HAS_INF: tl.constexpr, STATE_BF16: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     row = table_ptr + pid * 8
     p_ptr = tl.load(row).to(tl.pointer_type(tl.float32))
     g_ptr = tl.load(row + 1).to(tl.pointer_type(tl.float32))
-    m_ptr = tl.load(row + 2).to(tl.pointer_type(tl.float32))
-    v_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float32))
+    if STATE_BF16:
+        m_ptr = tl.load(row + 2).to(tl.pointer_type(tl.bfloat16))
+        v_ptr = tl.load(row + 3).to(tl.pointer_type(tl.bfloat16))
+    else:
+        m_ptr = tl.load(row + 2).to(tl.pointer_type(tl.float32))
+        v_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float32))
     start = tl.load(row + 4)
     n = tl.load(row + 5)
     group = tl.load(row + 7)
@@ -85,14 +104,18 @@ def _adamw_kernel(table_ptr, lr_ptr, lr_mult, scale_ptr, found_inf_ptr, step_ptr
     if HAS_SCALE:
         g = g / tl.load(scale_ptr)
     p = tl.load(p_ptr + offs, mask=mask, other=0.0)
-    m = tl.load(m_ptr + offs, mask=mask, other=0.0)
-    v = tl.load(v_ptr + offs, mask=mask, other=0.0)
+    m = tl.load(m_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     p = p * (1.0 - lr * weight_decay)
     m = m + (1.0 - beta1) * (g - m)
     v = beta2 * v + (1.0 - beta2) * g * g
     p = p - (lr / bc1) * m / (tl.sqrt(v) / bc2_sqrt + eps)
-    tl.store(m_ptr + offs, m, mask=mask)
-    tl.store(v_ptr + offs, v, mask=mask)
+    if STATE_BF16:
+        tl.store(m_ptr + offs, _bf16_rne(m), mask=mask)
+        tl.store(v_ptr + offs, _bf16_rne(v), mask=mask)
+    else:
+        tl.store(m_ptr + offs, m, mask=mask)
+        tl.store(v_ptr + offs, v, mask=mask)
     tl.store(p_ptr + offs, p, mask=mask)
 
 
@@ -130,11 +153,17 @@ def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
 class _FusedBase(torch.optim.Optimizer):
     _step_supports_amp_scaling = True  # GradScaler hands us grad_scale / found_inf tensors
 
-    def __init__(self, params, defaults, backend: str):
+    def __init__(self, params, defaults, backend: str, state_dtype: torch.dtype = torch.float32):
         if backend not in ("auto", "triton", "torch"):
             raise ValueError(f"backend must be auto, triton or torch, got {backend!r}")
+        if state_dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"state_dtype must be torch.float32 or torch.bfloat16, got {state_dtype}")
         super().__init__(params, defaults)
         self.backend = backend
+        # bf16: the state buffers (momentum; AdamW's two moments) are stored in bf16 and the update
+        # computes in fp32 (one rounding per store): half the state's memory. Master weights and
+        # gradients stay fp32.
+        self.state_dtype = state_dtype
         self._dummy: torch.Tensor | None = None
         self._lr_cache: list | None = None
         self._lr_dev: torch.Tensor | None = None
@@ -189,6 +218,12 @@ class _FusedBase(torch.optim.Optimizer):
     def load_state_dict(self, state_dict):
         self._plan_key = None  # state buffers are replaced
         super().load_state_dict(state_dict)
+        # torch.optim casts loaded state to the parameter's dtype (fp32): bf16 buffers come back
+        # as fp32, which the kernels would read as bf16 pairs
+        for st in self.state.values():
+            for k, v in st.items():
+                if torch.is_tensor(v) and k != "fused_step" and v.is_floating_point() and v.dtype != self.state_dtype:
+                    st[k] = v.to(self.state_dtype)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Gradients zeroed in place by one multi-tensor launch per dtype, as torch's fused and
@@ -242,7 +277,10 @@ class _FusedBase(torch.optim.Optimizer):
             st = self.state[p]
             for lst, n in zip(out, names):
                 if n not in st:
-                    st[n] = torch.zeros_like(p)
+                    st[n] = torch.zeros_like(p, dtype=self.state_dtype)
+                if st[n].dtype != self.state_dtype or not _same_layout(st[n], p):
+                    raise TypeError(f"{type(self).__name__}: state {n!r} is {st[n].dtype} {tuple(st[n].stride())}, "
+                                    f"expected {self.state_dtype} in its parameter's layout")
                 lst.append(st[n])
         return out
 
@@ -268,8 +306,9 @@ class FusedSGD(_FusedBase):
     """``torch.optim.SGD`` (dampening 0) with per-group lr, in one launch per step."""
 
     def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
-                 backend: str = "auto"):
-        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov), backend)
+                 backend: str = "auto", state_dtype: torch.dtype = torch.float32):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov), backend,
+                         state_dtype)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -287,7 +326,8 @@ class FusedSGD(_FusedBase):
             lr_dev, lr_mult = self._lrs(dev)
             _sgd_kernel[(table.shape[0],)](table, lr_dev, float(lr_mult), scale_t, found_t, float(mom), float(wd),
                                            HAS_MOMENTUM=mom != 0, NESTEROV=bool(nest), HAS_SCALE=scale is not None,
-                                           HAS_INF=found is not None, BLOCK=BLOCK, num_warps=4)
+                                           HAS_INF=found is not None, STATE_BF16=self.state_dtype == torch.bfloat16,
+                                           BLOCK=BLOCK, num_warps=4)
         else:
             lrs = [self.param_groups[i]["lr"] for i in gid]
             sgd_step_ref(ps, gs, bufs, lrs, momentum=mom, weight_decay=wd, nesterov=nest,
@@ -302,8 +342,9 @@ class FusedAdamW(_FusedBase):
     """
 
     def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
-                 backend: str = "auto"):
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), backend)
+                 backend: str = "auto", state_dtype: torch.dtype = torch.float32):
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), backend,
+                         state_dtype)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -329,7 +370,8 @@ class FusedAdamW(_FusedBase):
             lr_dev, lr_mult = self._lrs(dev)
             _adamw_kernel[(table.shape[0],)](table, lr_dev, float(lr_mult), scale_t, found_t, step_t, float(b1), float(b2),
                                              float(eps), float(wd), HAS_SCALE=scale is not None,
-                                             HAS_INF=found is not None, BLOCK=BLOCK, num_warps=4)
+                                             HAS_INF=found is not None, STATE_BF16=self.state_dtype == torch.bfloat16,
+                                           BLOCK=BLOCK, num_warps=4)
         else:
             lrs = [self.param_groups[i]["lr"] for i in gid]
             adamw_step_ref(ps, gs, ms, vs, lrs, int(step_t.item()), beta1=b1, beta2=b2, eps=eps, weight_decay=wd,

@@ -54,7 +54,10 @@ def variance_ema_ref(stats: torch.Tensor, numel: torch.Tensor, ema: torch.Tensor
 
 def sgd_step_ref(params, grads, bufs, lrs, *, momentum: float, weight_decay: float, nesterov: bool,
                  inv_scale: torch.Tensor | None = None, found_inf: torch.Tensor | None = None) -> None:
-    """torch.optim.SGD's update (dampening 0) with per-tensor lr, unscale and inf skip."""
+    """torch.optim.SGD's update (dampening 0) with per-tensor lr, unscale and inf skip.
+
+    A bf16 momentum buffer is computed in fp32, stored rounded once, and the update uses the
+    unrounded value (as the kernel does)."""
     if found_inf is not None and float(found_inf) > 0:
         return
     for p, g, b, lr in zip(params, grads, bufs, lrs):
@@ -62,8 +65,9 @@ def sgd_step_ref(params, grads, bufs, lrs, *, momentum: float, weight_decay: flo
         if weight_decay:
             g = g + weight_decay * p
         if momentum:
-            b.mul_(momentum).add_(g)
-            g = g + momentum * b if nesterov else b
+            m = b.float() * momentum + g
+            b.copy_(m)
+            g = g + momentum * m if nesterov else m
         p.add_(g, alpha=-float(lr))
 
 
@@ -78,9 +82,11 @@ def adamw_step_ref(params, grads, exp_avgs, exp_avg_sqs, lrs, step: int, *, beta
     for p, g, m, v, lr in zip(params, grads, exp_avgs, exp_avg_sqs, lrs):
         g = g.float() * (float(inv_scale) if inv_scale is not None else 1.0)
         p.mul_(1 - float(lr) * weight_decay)
-        m.lerp_(g, 1 - beta1)
-        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        p.addcdiv_(m, (v.sqrt() / bc2s).add_(eps), value=-float(lr) / bc1)
+        m32 = m.float().lerp(g, 1 - beta1)  # bf16 state: computed in fp32, stored rounded once
+        v32 = (v.float() * beta2).addcmul_(g, g, value=1 - beta2)
+        m.copy_(m32)
+        v.copy_(v32)
+        p.addcdiv_(m32, (v32.sqrt() / bc2s).add_(eps), value=-float(lr) / bc1)
 
 
 def gather_augment_ref(x: torch.Tensor, idx: torch.Tensor, draws, mean: torch.Tensor, inv_std: torch.Tensor,

@@ -177,15 +177,18 @@ def test_oom_beyond_recovery_is_a_clear_error():
         t.fit()
 
 
+@pytest.mark.parametrize("state", ["fp32", "bf16"])
 @pytest.mark.parametrize("device", [
     "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))])
-def test_resume_from_checkpoint_is_identical(tmp_path, device):
+def test_resume_from_checkpoint_is_identical(tmp_path, device, state):
     """A resumed run takes up exactly the state it saved: weights, optimizer, sampler and every
     generator (on CUDA, load() maps the checkpoint to the device: the generator states went along
     and a resumed search failed every trial). On the CPU the finished run equals an uninterrupted
     one; on CUDA the state is compared, not the trajectory (cuDNN's backward sums in a different
-    order from run to run: 8e-3 apart after 3 epochs on the H200, resumed or not)."""
-    cfg = small_cfg(**{"epochs": 3, "device": device})
+    order from run to run: 8e-3 apart after 3 epochs on the H200, resumed or not). With the
+    optimizer's state in bf16 (Tri-Accel), it comes back in bf16, bit for bit."""
+    extra = {"mode": "triaccel", "triaccel.precision.optimizer_state": "bf16"} if state == "bf16" else {}
+    cfg = small_cfg(**{"epochs": 3, "device": device, **extra})
     full = Trainer(cfg, log=lambda *a: None).setup()
     full.fit()
 
@@ -210,6 +213,8 @@ def test_resume_from_checkpoint_is_identical(tmp_path, device):
         assert torch.equal(torch.cuda.get_rng_state(), saved["cuda"])
     assert _same(resumed.sampler.state_dict(), saved["order"])
     assert saved["opt"] and _same(resumed.optimizer.state_dict()["state"], saved["opt"])
+    bufs = [v for st in resumed.optimizer.state.values() for v in st.values() if torch.is_tensor(v) and v.numel() > 1]
+    assert bufs and {v.dtype for v in bufs} == {torch.bfloat16 if state == "bf16" else torch.float32}
     resumed.fit()
     assert resumed.epoch == 3 and len(resumed.history.epochs) == 3
     if device == "cpu":

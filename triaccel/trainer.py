@@ -347,14 +347,18 @@ class Trainer:
         """torch.optim for fp32/amp; in triaccel mode the fused one-launch kernels on CUDA
         (per-layer lr from a device array), torch.optim with per-layer groups elsewhere."""
         oc, kern = self.cfg.optim, self.cfg.triaccel.kernels
-        fused = self.cfg.mode == "triaccel" and (kern == "triton" or (kern == "auto" and self.device.type == "cuda"))
-        if fused:
+        triaccel = self.cfg.mode == "triaccel"
+        fused = triaccel and (kern == "triton" or (kern == "auto" and self.device.type == "cuda"))
+        bf16_state = triaccel and self.cfg.triaccel.precision.optimizer_state == "bf16"
+        if fused or bf16_state:  # bf16 state needs these optimizers: their reference loop off CUDA
             from triaccel.kernels.fused_optim import FusedAdamW, FusedSGD
 
+            kw = dict(backend="triton" if fused else "torch",
+                      state_dtype=torch.bfloat16 if bf16_state else torch.float32)
             if oc.name == "sgd":
                 return FusedSGD(groups, lr=oc.lr, momentum=oc.momentum, nesterov=oc.nesterov,
-                                weight_decay=oc.weight_decay, backend="triton")
-            return FusedAdamW(groups, lr=oc.lr, betas=oc.betas, weight_decay=oc.weight_decay, backend="triton")
+                                weight_decay=oc.weight_decay, **kw)
+            return FusedAdamW(groups, lr=oc.lr, betas=oc.betas, weight_decay=oc.weight_decay, **kw)
         # deferred_skip on CUDA: the fused step takes the GradScaler's found-inf flag on the device
         # (the default step reads it back: one sync per step)
         fused = True if self.cfg.deferred_skip and self.device.type == "cuda" else None
