@@ -31,9 +31,12 @@ BLOCK = 2048
 @triton.jit
 def _bf16_rne(x):
     """fp32 -> bf16, rounded to nearest even, by integer arithmetic: the interpreter's cast (CI)
-    truncates toward zero, and a truncated momentum drifts toward zero step after step."""
+    truncates toward zero, and a truncated momentum drifts toward zero step after step. A NaN
+    stays a NaN (quieted, then truncated): the rounding carry turned 0x7FFFFFFF, the NaN a GPU's
+    arithmetic produces, into -0.0, and a NaN momentum would have restarted from zero unseen."""
     bits = x.to(tl.uint32, bitcast=True)
-    bits = bits + 0x7FFF + ((bits >> 16) & 1)
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    bits = tl.where(nan, bits | 0x00400000, bits + 0x7FFF + ((bits >> 16) & 1))
     return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
@@ -152,6 +155,7 @@ def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 class _FusedBase(torch.optim.Optimizer):
     _step_supports_amp_scaling = True  # GradScaler hands us grad_scale / found_inf tensors
+    _buffers: tuple = ()  # the per-parameter state buffers, kept in ``state_dtype``
 
     def __init__(self, params, defaults, backend: str, state_dtype: torch.dtype = torch.float32):
         if backend not in ("auto", "triton", "torch"):
@@ -221,9 +225,9 @@ class _FusedBase(torch.optim.Optimizer):
         # torch.optim casts loaded state to the parameter's dtype (fp32): bf16 buffers come back
         # as fp32, which the kernels would read as bf16 pairs
         for st in self.state.values():
-            for k, v in st.items():
-                if torch.is_tensor(v) and k != "fused_step" and v.is_floating_point() and v.dtype != self.state_dtype:
-                    st[k] = v.to(self.state_dtype)
+            for k in self._buffers:
+                if k in st and st[k].dtype != self.state_dtype:
+                    st[k] = st[k].to(self.state_dtype)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Gradients zeroed in place by one multi-tensor launch per dtype, as torch's fused and
@@ -305,6 +309,8 @@ class _FusedBase(torch.optim.Optimizer):
 class FusedSGD(_FusedBase):
     """``torch.optim.SGD`` (dampening 0) with per-group lr, in one launch per step."""
 
+    _buffers = ("momentum_buffer",)
+
     def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
                  backend: str = "auto", state_dtype: torch.dtype = torch.float32):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov), backend,
@@ -340,6 +346,8 @@ class FusedAdamW(_FusedBase):
 
     The step count lives on the device and advances only on steps that were not skipped.
     """
+
+    _buffers = ("exp_avg", "exp_avg_sq")
 
     def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
                  backend: str = "auto", state_dtype: torch.dtype = torch.float32):

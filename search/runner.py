@@ -744,22 +744,13 @@ def parent_run(name: str, space: SearchSpace, uri: str, shared: int | None = Non
     return run.info.run_id
 
 
-def _free_device() -> None:
-    import gc
-
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 def run_alone(name: str, uri: str, cfg, tags: dict, label: str) -> dict | None:
     """Train one configuration alone on the device, in this process, as a child run of the
     search: the baselines and the confirm re-runs. The summary, or None if it failed."""
     import time
 
     from triaccel.control import build_trainer
+    from triaccel.measure import free_device
     from triaccel.tracking import MLflowLogger, log_metrics
 
     cfg.tracking.experiment = EXPERIMENT
@@ -778,7 +769,7 @@ def run_alone(name: str, uri: str, cfg, tags: dict, label: str) -> dict | None:
         return None
     finally:  # the next run alone gets the device as this one found it (graphs' pool, model, data)
         del trainer
-        _free_device()
+        free_device()
     log_metrics(logger.client, logger.run_id, {"efficiency": s["efficiency"], "val_acc": s["val_acc"],
                                                "epoch_time_last5_s": s["epoch_time_last5_s"],
                                                "peak_mem_gib": s["peak_mem_gib"], "epoch": epoch,
@@ -962,7 +953,7 @@ def second_look(name: str, space: SearchSpace, uri: str, k: int) -> None:
     and 0.82 pp below the reference's one seed)."""
     from triaccel.config import TrainConfig, from_dict
     from triaccel.search.callbacks import TAG_ROLE, TAG_SEARCH
-    from triaccel.search.results import confirmed_metrics, second_looks, to_recheck, trial_table
+    from triaccel.search.results import second_looks, to_recheck, trial_table
 
     o = read_outcome(name, space, uri)
     todo = to_recheck(o, k)
@@ -977,10 +968,9 @@ def second_look(name: str, space: SearchSpace, uri: str, k: int) -> None:
     seed = (cfg.seed + 1) % 2**32
     print(f"second look: {len(todo)} trial{'s' if len(todo) > 1 else ''} within {space.second_look:g} pp beyond "
           f"the margin, re-run alone at seed {seed} with the reference {label}", flush=True)
-    confirmed = set(confirmed_metrics(trial_table(c, exp, name, role="confirm")))
-    if any(x.row["run_id"] not in confirmed for x in todo):
+    if not all(x.confirmed for x in todo):
         for x in todo:  # gap one alone, at the trial's own seed (the figures it is judged and exported by)
-            if x.row["run_id"] not in confirmed:
+            if not x.confirmed:
                 _confirm_one(name, space, uri, parent, x.row)
         todo = to_recheck(read_outcome(name, space, uri), k)  # alone, one may be feasible, or far below
         if not todo:

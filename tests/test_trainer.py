@@ -7,6 +7,7 @@ import torch
 from conftest import small_cfg
 from triaccel.models import build_model, enable_checkpointing
 from triaccel.config import ModelConfig
+from triaccel.errors import TriAccelError
 from triaccel.trainer import Callback, Decisions, Trainer
 
 
@@ -219,6 +220,23 @@ def test_resume_from_checkpoint_is_identical(tmp_path, device, state):
     assert resumed.epoch == 3 and len(resumed.history.epochs) == 3
     if device == "cpu":
         assert _maxdiff(_params(full.model), _params(resumed.model)) < 1e-6
+
+
+def test_a_checkpoint_of_another_optimizer_is_refused_in_one_line(tmp_path):
+    """On a CPU, fp32 state is torch.optim.SGD and bf16 state the fused optimizers' reference loop:
+    their states do not read each other (a resume failed later with KeyError 'dampening'). Loading
+    one into the other is a clear error before anything is changed."""
+    cfg = small_cfg(**{"epochs": 1, "mode": "triaccel"})
+    t = Trainer(cfg, log=lambda *a: None).setup()
+    t.fit()
+    t.save(tmp_path / "ck.pt")
+    other = Trainer(small_cfg(**{"epochs": 1, "mode": "triaccel", "triaccel.precision.optimizer_state": "bf16"}),
+                    log=lambda *a: None).setup()
+    before = _params(other.model)
+    with pytest.raises(TriAccelError, match=r"^checkpoint: its optimizer is SGD, this run's is FusedSGD \(mode or "
+                                            r"triaccel.precision.optimizer_state differ\)"):
+        other.load(tmp_path / "ck.pt")
+    assert _maxdiff(before, _params(other.model)) == 0
 
 
 @pytest.mark.parametrize("mode", ["fp32", "amp"])

@@ -20,7 +20,6 @@ between steps, the one writer of that state.
 """
 from __future__ import annotations
 
-import gc
 import time
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from triaccel.config import TriAccelConfig
 from triaccel.controllers import BatchController, CurvatureController, PrecisionController
 from triaccel.curvature import HessianProbe
 from triaccel.kernels import grad_stats, variance_ema
-from triaccel.measure import GiB, device_used_fraction, sync
+from triaccel.measure import GiB, device_used_fraction, free_device, sync
 from triaccel.precision import DTYPES
 from triaccel.trainer import Callback, Decisions, Trainer
 
@@ -250,9 +249,7 @@ class TriAccelLoop(Callback):
         """The Hessian probe ran out of memory: this refresh is skipped (the per-layer lr keeps its
         last values), the probe batch halves, and at a batch of one the refreshes stop. Said once
         per event; the run goes on."""
-        gc.collect()
-        if tr.device.type == "cuda":
-            torch.cuda.empty_cache()
+        free_device(tr.device)
         self.probe.drop_graph()
         self.probe_batch = None
         failed, self.probe_bs = self.probe_bs, self.probe_bs // 2

@@ -15,11 +15,21 @@
 """
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from contextlib import contextmanager
 
 import torch
+
+
+def free_device(device: torch.device | None = None) -> None:
+    """Collect Python's garbage and hand the caching allocator's free blocks back to the device:
+    after an out-of-memory step (the retry then finds the memory the failed one held) and between
+    runs in one process (the next run's meter baseline starts from what is really held)."""
+    gc.collect()
+    if (device.type == "cuda") if device is not None else torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 GiB = float(2**30)
 

@@ -42,7 +42,7 @@ from triaccel.capture import StepGraphs
 from triaccel.config import TrainConfig
 from triaccel.data import ElasticSampler, ResidentData, load_splits
 from triaccel.errors import TriAccelError
-from triaccel.measure import GiB, MemoryMeter, sync
+from triaccel.measure import GiB, MemoryMeter, free_device, sync
 from triaccel.metrics import efficiency_score, steady_epoch_time
 from triaccel.models import build_model, enable_checkpointing
 from triaccel.precision import DTYPES, PrecisionRuntime, layer_modules
@@ -587,9 +587,7 @@ class Trainer:
 
     def _recover_from_oom(self) -> None:
         self._zero_grads()
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        free_device(self.device)
         failed = self.micro_batch
         if failed <= 1:
             raise OutOfMemoryBeyondRecovery(f"out of memory with a micro-batch of 1 at step {self.step_count}")
@@ -650,6 +648,7 @@ class Trainer:
     def state_dict(self) -> dict:
         self._settle_skip()  # the schedule saved is exact
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "optimizer_kind": type(self.optimizer).__name__,
                 "scaler": self.scaler.state_dict(), "schedule": self.schedule.state_dict(),
                 "sampler": self.sampler.state_dict(), "epoch": self.epoch, "step_count": self.step_count,
                 "history": self.history.epochs, "batch_size": self.batch_size, "micro_batch": self.micro_batch,
@@ -662,6 +661,11 @@ class Trainer:
                         "python": random.getstate(), "numpy": np.random.get_state()}}
 
     def load_state_dict(self, s: dict) -> None:
+        kind = s.get("optimizer_kind")
+        if kind is not None and kind != type(self.optimizer).__name__:  # their states do not read each other
+            raise TriAccelError(f"checkpoint: its optimizer is {kind}, this run's is {type(self.optimizer).__name__} "
+                                f"(mode or triaccel.precision.optimizer_state differ): resume with the settings it "
+                                f"was saved with")
         self.model.load_state_dict(s["model"])
         self.optimizer.load_state_dict(s["optimizer"])
         self.scaler.load_state_dict(s["scaler"])
