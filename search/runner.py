@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import datetime
 import json
+import logging
 import math
 import os
 import sys
@@ -270,6 +271,25 @@ def gpu_share(space: SearchSpace, shared: int) -> float:
     return space.gpus_per_trial if on_gpu(space) else 1.0 / max(1, shared)
 
 
+class _DropTuneFailureNoise(logging.Filter):
+    """Tune's "Trials did not complete: [...]" after every search with a failed trial: the search's
+    own summary counts them and each trial's line gave its reason."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Trials did not complete")
+
+
+def quiet_tune_failures() -> None:
+    """A failed trial is one console line, its reason (``trial 3/8 ... FAILED Diverged: ...``); Tune
+    also printed the worker's whole traceback to stderr, ~40 lines per diverged trial. Its own
+    switch turns that off (TUNE_PRINT_ALL_TRIAL_ERRORS=1 brings it back); the traceback stays in
+    the trial's error file and its MLflow run."""
+    os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
+    lg = logging.getLogger("ray.tune.tune")
+    if not any(isinstance(f, _DropTuneFailureNoise) for f in lg.filters):
+        lg.addFilter(_DropTuneFailureNoise())
+
+
 def _tuner(space: SearchSpace, name: str, uri: str, shared: int, ref_curve: list | None):
     from ray import tune
     from ray.tune.schedulers import FIFOScheduler
@@ -362,6 +382,7 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     with interruptible(name, uri):
         ref_curve = run_baselines(name, space, uri, shared)
         _init_ray(address)
+        quiet_tune_failures()
         with own_signals():
             _tuner(space, name, uri, shared, ref_curve).fit()
         check_finished(name, space.trials)
@@ -475,6 +496,7 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
     with interruptible(name, uri):
         ref_curve = run_baselines(name, space, uri, state["shared"])  # those not finished before
         _init_ray(address or state.get("address"))
+        quiet_tune_failures()
         if restore:
             tuner = tune.Tuner.restore(str(tune_root() / name), trainable=_trainable(space, state["shared"], ref_curve),
                                        resume_unfinished=True, resume_errored=False, restart_errored=False)

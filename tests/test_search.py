@@ -82,6 +82,10 @@ def test_console_output_is_one_line_per_trial(searched):
     assert len(lines) == 6
     assert "search 't1':" in r.stdout and "export the best" in r.stdout
     assert len(r.stdout.splitlines()) < 40  # a summary, not pages of Tune tables
+    # a diverged trial (test below) is its own line with the reason; Tune printed its worker's whole
+    # traceback to stderr too, ~40 lines each, and "Trials did not complete: [...]"
+    assert any(" FAILED " in ln for ln in lines)
+    assert "Traceback" not in r.stderr and "Trials did not complete" not in r.stderr, r.stderr[-3000:]
 
 
 def test_every_metric_of_every_trial_arrives(searched):
