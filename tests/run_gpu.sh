@@ -17,7 +17,12 @@
 # On the H200 the search tests run slower than on a 2-core CI machine (the Ctrl-C test: over
 # 140 s against 52 s; on 2026-12-01 the `ray start` test took 180 s, README's main job 186 s, and
 # PART=search finished 13 of its 15 tests in 570 s): run search and hardening as SHARD=1/2 and
-# SHARD=2/2, one device command each.
+# SHARD=2/2, one device command each. On 2026-12-02 PART=search SHARD=1/2 finished 8 of its 9 tests
+# in 480 s: the search and hardening parts alone need more device time than a session has.
+#   GPU_WORKERS=6 PART=ray bash tests/run_gpu.sh   # (carry .device/wheels) search and hardening
+# together, their end-to-end searches six at a time (they run on the CPU: the 16 cores idle under
+# one at a time), then the `ray_cluster` tests alone; not yet timed on the H200. On the 2-core CPU
+# machine, `pytest -n 3 -m "not ray_cluster"` over both files passed all 51 in 1,008 s (2026-12-02).
 # (PYTEST_ARGS=... runs whatever pytest arguments you give instead.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,23 +36,29 @@ lock=(); command -v flock >/dev/null && lock=(flock /tmp/triaccel-gpu-suite.lock
 ${lock[@]+"${lock[@]}"} python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
   || { echo "GPU suite: install failed"; exit 2; }
 # GPU_WORKERS=N: pytest-xdist with N workers, its wheels carried in .device/wheels
-# (pip download pytest-xdist execnet -d .device/wheels). Not the default: on the H200 six workers
-# were slower than one process (each compiles the Triton kernels and initialises CUDA; 2026-11-30).
+# (pip download pytest-xdist execnet -d .device/wheels). Not for PART=cuda: on the H200 six workers
+# were slower than one process there (each compiles the Triton kernels and initialises CUDA;
+# 2026-11-30). With workers, the tests marked ray_cluster run afterwards, alone.
 if [ -n "${GPU_WORKERS:-}" ] && [ -d .device/wheels ] && ! python3 -c "import xdist" 2>/dev/null; then
   python3 -m pip install -q --no-deps --target /tmp/xdist .device/wheels/*.whl >/dev/null 2>&1 \
     && export PYTHONPATH=/tmp/xdist${PYTHONPATH:+:$PYTHONPATH}
 fi
-if [ -n "${GPU_WORKERS:-}" ] && [ -z "${PYTEST_ARGS+x}" ] && python3 -c "import xdist" 2>/dev/null; then
-  PYTEST_ARGS="-n $GPU_WORKERS --dist load"
+XDIST=()
+if [ -n "${GPU_WORKERS:-}" ]; then
+  [[ $GPU_WORKERS =~ ^[1-9][0-9]?$ ]] || { echo "tests/run_gpu.sh: GPU_WORKERS must be a number of workers, got '$GPU_WORKERS'" >&2; exit 2; }
+  python3 -c "import xdist" 2>/dev/null \
+    || { echo "tests/run_gpu.sh: GPU_WORKERS needs pytest-xdist (its wheels in .device/wheels)" >&2; exit 2; }
+  XDIST=(-n "$GPU_WORKERS" --dist load)
 fi
 CUDA_FILES="tests/test_capture.py tests/test_curvature.py tests/test_data.py tests/test_kernels.py tests/test_trainer.py tests/test_triaccel.py"
 case "${PART:-}" in
   cuda) PYTEST_ARGS="$CUDA_FILES" ;;
   search) PYTEST_ARGS="tests/test_search.py" ;;
   hardening) PYTEST_ARGS="tests/test_search_hardening.py" ;;
+  ray) PYTEST_ARGS="tests/test_search.py tests/test_search_hardening.py" ;;  # both, for GPU_WORKERS
   rest) PYTEST_ARGS="--ignore=tests/test_search.py --ignore=tests/test_search_hardening.py $(for f in $CUDA_FILES; do printf -- '--ignore=%s ' "$f"; done)" ;;
   "") ;;
-  *) echo "tests/run_gpu.sh: PART must be cuda, search, hardening or rest, got '$PART'" >&2; exit 2 ;;
+  *) echo "tests/run_gpu.sh: PART must be cuda, search, hardening, ray or rest, got '$PART'" >&2; exit 2 ;;
 esac
 if [ -n "${SHARD:-}" ]; then
   # "3" passed as 3/3, 1/0 ran every test and 0/2 or 3/2 overlapped other shards
@@ -72,11 +83,31 @@ if [ -n "${SHARD:-}" ]; then
   PYTEST_ARGS=""
 fi
 gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')")
+summary() {  # the pytest summary line of a log, without its = padding
+  grep -E "^(=+ )?(no tests ran|[0-9]+ (passed|failed|skipped|deselected|errors?))" "$1" | tail -1 | sed 's/=//g;s/^ *//;s/ *$//'
+}
 start=$(date +%s)
-python3 -m pytest -q -p no:cacheprovider --junitxml="$out/gpu_tests.xml" ${PYTEST_ARGS:-} ${SEL[@]+"${SEL[@]}"} \
-  > "$out/gpu_tests.log" 2>&1
-rc=$?
-line=$(grep -E "^(=+ )?[0-9]+ (passed|failed)" "$out/gpu_tests.log" | tail -1 | sed 's/=//g;s/^ *//;s/ *$//')
+if [ ${#XDIST[@]} -eq 0 ]; then
+  # shellcheck disable=SC2086
+  python3 -m pytest -q -p no:cacheprovider --junitxml="$out/gpu_tests.xml" ${PYTEST_ARGS:-} ${SEL[@]+"${SEL[@]}"} \
+    > "$out/gpu_tests.log" 2>&1
+  rc=$?
+  line=$(summary "$out/gpu_tests.log")
+else
+  # workers side by side, then the tests that start or look for a shared Ray cluster alone (beside
+  # another test's Ray, `--address auto` joins it: 2026-12-01); exit 5 (none selected) is no failure
+  # shellcheck disable=SC2086
+  python3 -m pytest -q -p no:cacheprovider "${XDIST[@]}" -m "not ray_cluster" --junitxml="$out/gpu_tests.xml" \
+    ${PYTEST_ARGS:-} ${SEL[@]+"${SEL[@]}"} > "$out/gpu_tests.log" 2>&1
+  rc=$?; [ "$rc" -eq 5 ] && rc=0
+  # shellcheck disable=SC2086
+  python3 -m pytest -q -p no:cacheprovider -m ray_cluster --junitxml="$out/gpu_tests_alone.xml" \
+    ${PYTEST_ARGS:-} ${SEL[@]+"${SEL[@]}"} > "$out/gpu_tests_alone.log" 2>&1
+  rc2=$?; [ "$rc2" -eq 5 ] && rc2=0
+  line="$(summary "$out/gpu_tests.log") with ${GPU_WORKERS} workers; alone: $(summary "$out/gpu_tests_alone.log")"
+  cat "$out/gpu_tests_alone.log" >> "$out/gpu_tests.log"
+  [ "$rc" -eq 0 ] && rc=$rc2
+fi
 echo "GPU suite${PART:+ (part $PART)} on $gpu: ${line:-no summary (see $out/gpu_tests.log)} ($(( $(date +%s) - start )) s, exit $rc)"
 grep -E "^(FAILED|ERROR)" "$out/gpu_tests.log" | head -20
 exit $rc

@@ -64,3 +64,30 @@ def test_out_folder_that_does_not_exist_yet_is_made(tmp_path):
                        timeout=300)
     assert r.returncode == 0 and "3 passed" in r.stdout, r.stdout + r.stderr
     assert (root / "out" / "part" / "cuda" / "gpu_tests.log").is_file()
+
+
+@pytest.mark.parametrize("alone_fails", [False, True])
+def test_workers_run_side_by_side_then_the_cluster_tests_alone(tmp_path, alone_fails):
+    """GPU_WORKERS=N: pytest-xdist over everything but the ``ray_cluster`` tests, which then run
+    alone (beside another test's Ray, `--address auto` joins it); one summary line names both
+    passes, and a failure in the second fails the run."""
+    pytest.importorskip("xdist")
+    root = _tree(tmp_path, bad=False)
+    (root / "tests" / "test_cluster.py").write_text(
+        "import os\nimport pytest\n\n\n@pytest.mark.ray_cluster\ndef test_alone():\n"
+        "    assert os.environ.get('PYTEST_XDIST_WORKER') is None  # not in a worker\n"
+        f"    assert {not alone_fails}\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PART", "SHARD", "PYTEST_ADDOPTS")}
+    env.update(PATH=f"{root / 'bin'}:{env['PATH']}", OUT=str(root / "out"), PYTEST_ARGS="tests", GPU_WORKERS="2")
+    r = subprocess.run(["bash", str(root / "tests" / "run_gpu.sh")], env=env, capture_output=True, text=True,
+                       timeout=300)
+    first, _, alone = r.stdout.partition(" with 2 workers; alone: ")
+    assert alone and "3 passed" in first and "failed" not in first, r.stdout + r.stderr
+    if alone_fails:
+        assert r.returncode != 0 and alone.startswith("1 failed, 3 deselected"), r.stdout
+    else:
+        assert r.returncode == 0 and alone.startswith("1 passed, 3 deselected"), r.stdout
+    env["GPU_WORKERS"] = "many"
+    r = subprocess.run(["bash", str(root / "tests" / "run_gpu.sh")], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and "GPU_WORKERS must be a number" in r.stderr

@@ -552,6 +552,7 @@ def test_confirm_and_second_look_runs_a_crash_cut_short_are_closed_killed(tmp_pa
                       ("b", "recheck", False): "RUNNING"}, status
 
 
+@pytest.mark.ray_cluster
 def test_address_joins_an_existing_cluster_and_a_plain_search_stays_local(tmp_path):
     """`ray start --head` as a user would; the address it prints and --address auto join it, a search
     without --address does not."""

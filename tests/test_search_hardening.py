@@ -98,6 +98,7 @@ def test_address_where_something_else_answers_fails_in_seconds(tmp_path):
         srv.wait()
 
 
+@pytest.mark.ray_cluster
 def test_address_auto_without_a_cluster_fails_before_the_baselines(tmp_path):
     """--address auto where no `ray start` cluster runs: one line, before the baselines train (it used
     to fail only after them, in ray.init)."""
