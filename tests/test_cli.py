@@ -62,6 +62,12 @@ def test_bad_input_is_one_line(tmp_path, setup, args, match):
     (["profile", "--config=a.yaml", "--config", "b.yaml"], "profile: --config given twice ('a.yaml' and 'b.yaml')"),
     (["train", "--config", ""], "train: --config '': an empty path; give a YAML file"),
     (["train", "--config", " "], "train: --config ' ': an empty path; give a YAML file"),
+    # the same for the search commands' one-value options (argparse kept the last)
+    (["search", "--space", "a.yaml", "--space", "b.yaml"], "search: --space given twice ('a.yaml' and 'b.yaml')"),
+    (["search", "--space", "s.yaml", "--name", "a", "--name", "b"], "search: --name given twice ('a' and 'b')"),
+    (["search", "--space", "s.yaml", "--address", "auto", "--address=x:1"], "search: --address given twice"),
+    (["resume", "x", "--address", "auto", "--address", "auto"], "resume: --address given twice"),
+    (["export", "x", "--out", "a.yaml", "--out", "b.yaml"], "export: --out given twice ('a.yaml' and 'b.yaml')"),
 ])
 def test_a_bad_command_line_is_one_line_not_a_usage_block(tmp_path, args, match):
     """argparse printed its usage block (up to six lines for `search`) above the error; the error

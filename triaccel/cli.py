@@ -114,14 +114,23 @@ def one_line(message: str) -> str:
 
 class _Once(argparse.Action):
     """An option that takes one value: given twice, argparse kept the last without a word
-    (`--config a.yaml --config b.yaml` trained b); an empty path was read as the current folder."""
+    (`--config a.yaml --config b.yaml` trained b; `search --name a --name b` searched as b). An
+    empty value is refused where ``empty`` says why (an empty --config was read as the current
+    folder); elsewhere the command's own check names it."""
+
+    def __init__(self, *args, empty: str | None = None, **kw):
+        self.empty = empty
+        super().__init__(*args, **kw)
 
     def __call__(self, parser, namespace, value, option_string=None):
         if getattr(namespace, self.dest, None) is not None:
             parser.error(f"{option_string} given twice ({getattr(namespace, self.dest)!r} and {value!r}): give one")
-        if not value.strip():
-            parser.error(f"{option_string} {value!r}: an empty path; give a YAML file")
+        if self.empty and not value.strip():
+            parser.error(f"{option_string} {value!r}: {self.empty}")
         setattr(namespace, self.dest, value)
+
+
+_YAML = "an empty path; give a YAML file"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train one run from a config YAML")
-    t.add_argument("--config", required=True, action=_Once,
+    t.add_argument("--config", required=True, action=_Once, empty=_YAML,
                    help="training config YAML (configs/*.yaml, or an exported one)")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set optim.lr=0.1 (repeatable)")
@@ -140,11 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError:  # pragma: no cover - search extras missing
         search_cli = None
     if search_cli is not None:
-        search_cli.add_commands(sub)
+        search_cli.add_commands(sub, once=_Once)
     # defined here, not in triaccel.profile: importing that (torch) made `triaccel --help` take 2 s, and a
     # Ctrl-C in those seconds printed a traceback
     pr = sub.add_parser("profile", help="find the real bottleneck of a config before tuning anything")
-    pr.add_argument("--config", required=True, action=_Once)
+    pr.add_argument("--config", required=True, action=_Once, empty=_YAML)
     pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     pr.add_argument("--steps", type=int, default=20, help="timed steps per measurement (medians)")
     pr.add_argument("--warmup", type=int, default=5)
