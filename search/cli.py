@@ -126,15 +126,19 @@ def cmd_ui(args) -> int:
     os.execv(sys.executable, cmd)
 
 
+ADDRESS_EMPTY = "an empty address; give HOST:PORT, ray://HOST:PORT or auto, or leave --address out"
+
+
 def add_commands(sub, once) -> None:
     """The search commands; ``once``: the argparse action of an option that takes one value."""
     s = sub.add_parser("search", help="search Tri-Accel thresholds with Ray Tune + Optuna")
-    s.add_argument("--space", required=True, action=once, help="space YAML (spaces/*.yaml), or a shipped space's name")
+    s.add_argument("--space", required=True, action=once, empty="an empty path; give a space YAML or a shipped "
+                   "space's name", help="space YAML (spaces/*.yaml), or a shipped space's name")
     s.add_argument("--trials", type=int, help="number of trials (overrides the space)")
     s.add_argument("--name", action=once, help="search name (default: the space's name); state in mlruns/tune/NAME")
     s.add_argument("--concurrency", type=int, help="trials at once (overrides the space)")
     s.add_argument("--gpus-per-trial", type=float, help="fraction of a GPU per trial (overrides the space)")
-    s.add_argument("--address", action=once, help="join an existing Ray cluster (e.g. ray://head:10001 or auto)")
+    s.add_argument("--address", action=once, empty=ADDRESS_EMPTY, help="join an existing Ray cluster (e.g. ray://head:10001 or auto)")
     s.add_argument("--confirm", type=int, default=None, metavar="K",
                    help="re-run the top K configurations, and the space's start points, alone before export "
                         "(undistorted by sharing); default 3 when trials share a GPU, else 0 (none at all)")
@@ -142,7 +146,7 @@ def add_commands(sub, once) -> None:
 
     r = sub.add_parser("resume", help="continue an interrupted search")
     r.add_argument("name")
-    r.add_argument("--address", action=once)
+    r.add_argument("--address", action=once, empty=ADDRESS_EMPTY)
     r.add_argument("--confirm", type=int, default=None, metavar="K", help="as for search")
     r.set_defaults(func=cmd_resume)
 

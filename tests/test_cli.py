@@ -68,6 +68,10 @@ def test_bad_input_is_one_line(tmp_path, setup, args, match):
     (["search", "--space", "s.yaml", "--address", "auto", "--address=x:1"], "search: --address given twice"),
     (["resume", "x", "--address", "auto", "--address", "auto"], "resume: --address given twice"),
     (["export", "x", "--out", "a.yaml", "--out", "b.yaml"], "export: --out given twice ('a.yaml' and 'b.yaml')"),
+    # an empty --address ran a local search (`--address "$UNSET"`), an empty --space read the folder
+    (["search", "--space", "s.yaml", "--address", ""], "search: --address '': an empty address; give HOST:PORT"),
+    (["resume", "x", "--address="], "resume: --address '': an empty address"),
+    (["search", "--space="], "search: --space '': an empty path; give a space YAML or a shipped space's name"),
 ])
 def test_a_bad_command_line_is_one_line_not_a_usage_block(tmp_path, args, match):
     """argparse printed its usage block (up to six lines for `search`) above the error; the error

@@ -91,3 +91,20 @@ def test_workers_run_side_by_side_then_the_cluster_tests_alone(tmp_path, alone_f
     r = subprocess.run(["bash", str(root / "tests" / "run_gpu.sh")], env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 2 and "GPU_WORKERS must be a number" in r.stderr
+
+
+@pytest.mark.parametrize("args,rc,says", [
+    ("tests -m ray_cluster", 2, "leave -m out of PYTEST_ARGS"),  # it replaced both passes' -m: ran twice
+    ("tests -mgpu", 2, "leave -m out of PYTEST_ARGS"),
+    ("tests -k nomatch", 5, "no tests ran"),  # nothing selected in either pass was exit 0
+])
+def test_workers_refuse_a_selection_they_cannot_keep_or_that_selects_nothing(tmp_path, args, rc, says):
+    pytest.importorskip("xdist")
+    root = _tree(tmp_path, bad=False)
+    (root / "tests" / "test_cluster.py").write_text(
+        "import pytest\n\n\n@pytest.mark.ray_cluster\ndef test_alone():\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PART", "SHARD", "PYTEST_ADDOPTS")}
+    env.update(PATH=f"{root / 'bin'}:{env['PATH']}", OUT=str(root / "out"), PYTEST_ARGS=args, GPU_WORKERS="2")
+    r = subprocess.run(["bash", str(root / "tests" / "run_gpu.sh")], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == rc and says in r.stdout + r.stderr, r.stdout + r.stderr
