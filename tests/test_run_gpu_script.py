@@ -26,8 +26,16 @@ def _tree(tmp_path, bad: bool):
     return tmp_path
 
 
+def _env(*drop):
+    """This process's environment without the script's switches and without pytest-xdist's worker
+    variables: run under xdist (the GPU machine's `GPU_WORKERS=6 PART=rest`), the nested pytest
+    inherited PYTEST_XDIST_WORKER and its 'not in a worker' check failed (2026-12-02)."""
+    return {k: v for k, v in os.environ.items()
+            if k not in ("PART", "PYTEST_ADDOPTS", "PYTEST_CURRENT_TEST", *drop) and not k.startswith("PYTEST_XDIST_")}
+
+
 def _run(root, shard, args="tests"):
-    env = {k: v for k, v in os.environ.items() if k not in ("PART", "GPU_WORKERS", "PYTEST_ADDOPTS")}
+    env = _env("GPU_WORKERS")
     env.update(PATH=f"{root / 'bin'}:{env['PATH']}", OUT=str(root / "out"), SHARD=shard, PYTEST_ARGS=args)
     return subprocess.run(["bash", str(root / "tests" / "run_gpu.sh")], env=env, capture_output=True, text=True,
                           timeout=300)
@@ -58,7 +66,7 @@ def test_out_folder_that_does_not_exist_yet_is_made(tmp_path):
     """OUT=$OUT/cuda on the GPU machine: the script wrote its log into a folder nobody made and
     printed 'no summary' for a part whose tests never ran (2026-12-01)."""
     root = _tree(tmp_path, bad=False)
-    env = {k: v for k, v in os.environ.items() if k not in ("PART", "GPU_WORKERS", "PYTEST_ADDOPTS", "SHARD")}
+    env = _env("GPU_WORKERS", "SHARD")
     env.update(PATH=f"{root / 'bin'}:{env['PATH']}", OUT=str(root / "out" / "part" / "cuda"), PYTEST_ARGS="tests")
     r = subprocess.run(["bash", str(root / "tests" / "run_gpu.sh")], env=env, capture_output=True, text=True,
                        timeout=300)
@@ -77,7 +85,7 @@ def test_workers_run_side_by_side_then_the_cluster_tests_alone(tmp_path, alone_f
         "import os\nimport pytest\n\n\n@pytest.mark.ray_cluster\ndef test_alone():\n"
         "    assert os.environ.get('PYTEST_XDIST_WORKER') is None  # not in a worker\n"
         f"    assert {not alone_fails}\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("PART", "SHARD", "PYTEST_ADDOPTS")}
+    env = _env("SHARD")
     env.update(PATH=f"{root / 'bin'}:{env['PATH']}", OUT=str(root / "out"), PYTEST_ARGS="tests", GPU_WORKERS="2")
     r = subprocess.run(["bash", str(root / "tests" / "run_gpu.sh")], env=env, capture_output=True, text=True,
                        timeout=300)
@@ -103,7 +111,7 @@ def test_workers_refuse_a_selection_they_cannot_keep_or_that_selects_nothing(tmp
     root = _tree(tmp_path, bad=False)
     (root / "tests" / "test_cluster.py").write_text(
         "import pytest\n\n\n@pytest.mark.ray_cluster\ndef test_alone():\n    pass\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("PART", "SHARD", "PYTEST_ADDOPTS")}
+    env = _env("SHARD")
     env.update(PATH=f"{root / 'bin'}:{env['PATH']}", OUT=str(root / "out"), PYTEST_ARGS=args, GPU_WORKERS="2")
     r = subprocess.run(["bash", str(root / "tests" / "run_gpu.sh")], env=env, capture_output=True, text=True,
                        timeout=300)
