@@ -51,7 +51,9 @@ def train(d: dict, seed: int) -> dict:
                epoch_times=[e["epoch_time_s"] for e in t.history.epochs],
                batch_per_epoch=[e["batch_size"] for e in t.history.epochs],
                peak_per_epoch=[e["peak_mem_gib"] for e in t.history.epochs],
-               pool_per_epoch=[e.get("graph_pool_gib") for e in t.history.epochs])
+               pool_per_epoch=[e.get("graph_pool_gib") for e in t.history.epochs],
+               compile_s=t.history.epochs[-1].get("compile_s"),
+               compiled_graphs=t.history.epochs[-1].get("compiled_graphs"))
     if t.loop is not None:
         out["ctrl_timing_s"] = dict(t.loop.timing)
         changes, last = [], None  # the precision plan over the run, where it changed: (step, fp16, bf16, fp32)
@@ -101,8 +103,9 @@ def main():
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--static", default="bf16:512,fp16:512,bf16:256,bf16:768",
-                    help="dtype:batch[:captured][:torchws] runs over every seed (torchws: torch's cuBLAS "
-                         "workspace instead of the config's cublas_workspace_mib)")
+                    help="dtype:batch[:captured][:compiled][:torchws] runs over every seed (compiled: "
+                         "torch.compile, mode default; torchws: torch's cuBLAS workspace instead of the "
+                         "config's cublas_workspace_mib)")
     ap.add_argument("--static-once", default="bf16:96,bf16:1024,fp16:256,fp16:768")
     ap.add_argument("--space", help="the space to search, and whose train settings the static runs take "
                                      "(default: the --tuned file's space where it still exists, else "
@@ -172,13 +175,16 @@ def main():
     static.update(mode="amp", epochs=args.epochs, checkpointing=False)
     static.setdefault("optim", {})["warmup_epochs"] = 2
 
-    def static_cfg(spec):  # dtype:batch[:captured][:torchws]
+    def static_cfg(spec):  # dtype:batch[:captured][:compiled][:torchws]
         dt, b, *flags = spec.split(":")
         d = copy.deepcopy(static)
         d.update(mode="amp", amp_dtype=dt, batch_size=int(b), capture="captured" in flags)
+        if "compiled" in flags:  # torch.compile(mode="default"), what a user who compiles runs
+            d["compile"] = "default"
         if "torchws" in flags:  # torch's cuBLAS workspace, as plain PyTorch runs, not the config's
             d["cublas_workspace_mib"] = None
         return (f"static amp {dt} B={b}" + (" captured" if "captured" in flags else "")
+                + (" compiled" if "compiled" in flags else "")
                 + (" torch-workspace" if "torchws" in flags else "")), d
 
     variants = []

@@ -381,6 +381,17 @@ class TrainConfig:
     # that it is eager); one graph per (micro-batch shape, precision plan), at most capture_cap live (the least recently used is dropped past it).
     capture: bool = False
     capture_cap: int = 8
+    # torch.compile the training forward (its backward follows): null (default) runs eager. default:
+    # Inductor's fused kernels (BatchNorm+ReLU in one pass instead of three; its partitioner recomputes
+    # cheap pointwise ops in backward instead of saving them), launched as usual, so `capture: true`
+    # records them in the step's graph; max-autotune-no-cudagraphs: the same after autotuning each
+    # kernel (minutes of warm-up); reduce-overhead: Inductor's own CUDA graphs (not with capture).
+    # One compile per micro-batch shape and precision plan (torch's recompile limit applies: past it
+    # that shape runs eager); evaluation and the curvature probes stay eager. The compile's time is in
+    # the first epochs (the score leaves the first out) and reported apart (compile_s); a compile that
+    # fails is one log line and the run goes on eager. Measure before choosing: whether it beats the
+    # captured eager step on a model is a GPU question (bench/search_vs_static.py --static fp16:96:compiled).
+    compile: Optional[Literal["default", "max-autotune-no-cudagraphs", "reduce-overhead"]] = None
     # fp16 (GradScaler): learn whether a step was skipped one step later, from a non-blocking copy of
     # the found-inf flag, instead of reading the scale back every step (a host sync the captured step
     # cannot hide: captured fp16 B=96 ran 2.02 s/epoch against bf16's 1.36 on the H200). The lr
@@ -413,6 +424,9 @@ class TrainConfig:
         _check(self.accum_steps <= self.batch_size, "accum_steps", "must be <= batch_size")
         _check(1 <= self.eval_batch_size <= MAX_BATCH, "eval_batch_size", f"must be in [1, {MAX_BATCH}]")
         _check(self.capture_cap >= 1, "capture_cap", f"must be >= 1, got {self.capture_cap}")
+        _check(not (self.compile == "reduce-overhead" and self.capture), "compile",
+               "reduce-overhead records its own CUDA graphs, and capture: true records the step again: "
+               "use compile: default with capture, or capture: false")
         _check(self.mode != "amp" or self.amp_dtype != "fp32", "amp_dtype", "amp mode needs bf16 or fp16")
         _check(self.memory_limit_fraction is None or 0 < self.memory_limit_fraction <= 1,
                "memory_limit_fraction", "must be in (0, 1]")

@@ -39,6 +39,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from triaccel.capture import StepGraphs
+from triaccel.compiled import CompileError, CompiledForward
 from triaccel.config import TrainConfig
 from triaccel.data import ElasticSampler, ResidentData, load_splits
 from triaccel.errors import TriAccelError
@@ -303,6 +304,8 @@ class Trainer:
                                          zero=self._zero_grads if fresh else None)
             else:
                 self.log(f"[capture] CUDA graphs need a CUDA device: this run on {self.device} is eager")
+        # the training forward through torch.compile (triaccel.compiled); evaluation and probes call self.model
+        self.compiled = CompiledForward(self.model, cfg.compile, log=self.log) if cfg.compile else None
         self.step_count = 0
         self.epoch = 0
         self.history = History()
@@ -452,6 +455,8 @@ class Trainer:
         m.update(mem)
         if self.graphs is not None:  # counts so far; capture_s is inside epoch_time_s, reported apart too
             m.update(self.graphs.stats())
+        if self.compiled is not None:  # likewise compile_s
+            m.update(self.compiled.stats())
         times = [e["epoch_time_s"] for e in self.history.epochs] + [epoch_time]
         peak = run_peak([e["peak_mem_gib"] for e in self.history.epochs] + [m["peak_mem_gib"]])
         m["epoch_time_last5_s"] = steady_epoch_time(times)
@@ -560,9 +565,11 @@ class Trainer:
         if not fresh:
             self._zero_grads()
 
+        forward = self.compiled or self.model
+
         def body(x, y, n_):  # one micro-batch; ``n_`` is the window's size (a device scalar when captured)
             with self.meter.track_forward(), self.autocast():
-                out = self.model(x)
+                out = forward(x)
                 loss = F.cross_entropy(out.float(), y, reduction="sum")
             scaled = loss / n_  # the window's real example count: exact accumulation
             (self.scaler.scale(scaled) if use_scaler else scaled).backward()
@@ -579,6 +586,11 @@ class Trainer:
                     total += self.graphs.run(self._graph_key(x, use_scaler), x, y, n, body, fresh=fresh and i == 0)
         except torch.OutOfMemoryError:
             return None  # handled outside the except block, so its frames and tensors are freed
+        except CompileError as e:  # forward or (at the first backward) backward compile
+            if self.compiled is None or self.compiled.disabled is not None:
+                raise
+            self.compiled.fail(e)
+            return self._accumulate(idx, n, use_scaler)  # the same examples, eager, from zeroed gradients
         return total
 
     def _graph_key(self, x: torch.Tensor, use_scaler: bool) -> tuple:
