@@ -2,7 +2,7 @@
 # The H200 benchmark runs, in one place. Usage (on the GPU machine, repo root):
 #   bash bench/run_h200.sh OUTDIR SECTION...
 #   sections: kernels breakdown overhead probe paper hostprofile profile baselines elastic ablation search searchcapture
-#             space10 space10finals effnet224 effnet224diag (search, searchcapture, space10: need Ray etc., PYTHONPATH=/tmp/site)
+#             space10 space10finals effnet224 effnet224diag compile (search, searchcapture, space10: need Ray etc., PYTHONPATH=/tmp/site)
 # Expects the CIFAR-10 JPEG tree in /tmp/cifar (tar xzf cifar10-jpeg.tar.gz -C /tmp/cifar).
 # Each section writes OUTDIR/<name>.json (profile: OUTDIR/profile/) and a log; a failing section
 # does not stop the others. SECTION_TIMEOUT=S (seconds) stops any one section after S seconds.
@@ -46,6 +46,13 @@ for s in "$@"; do
                  --tuned "$out/h200_search_cifar10_space.tuned.yaml" --space spaces/cifar10_resnet18.yaml \
                  --static fp16:96:captured,bf16:96:captured,fp16:256:captured --static-once fp16:512:captured,bf16:512 \
                  --seeds 0,1,2 --epochs 8 --out "$out/h200_search_cifar10_space_finals.json" ;;  # issue 12: 3 seeds
+    compile)   # is compiled static training a stronger alternative than the captured step? the exported
+               # config (bf16 state) and its compiled variant against static fp16 B=96 captured, compiled, and
+               # both; 3 seeds interleaved (the first compile per process is the slowest: Inductor's caches)
+               python3 bench/search_vs_static.py --data-dir $data --tuned bench/configs/h200_exported_bf16.yaml \
+                 --epochs 8 --seeds 0,1,2 --static fp16:96:captured,fp16:96:compiled,fp16:96:captured:compiled \
+                 --static-once fp16:512:compiled --warm-epochs 1 --variant compiled:compile=default \
+                 --out "$out/h200_compile.json" ;;
     effnet224diag) python3 bench/effnet224_diag.py --data-dir $data --subset 10 --epochs 2 --timeout 240 \
                  --variants amp,score,score-nobatch,score-nocurv,score-noprec,triaccel-off \
                  --out "$out/h200_effnet224_diag_score.json" ;;  # issue 14 case 15: the new defaults at 224 px
