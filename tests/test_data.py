@@ -173,3 +173,27 @@ def test_data_errors(cfg, match):
 def test_cifar_offline_without_files_says_how(tmp_path):
     with pytest.raises(DataError, match="no CIFAR-100 files found .set data.download: true"):
         load_splits(DataConfig(name="cifar100", data_dir=str(tmp_path)))
+
+
+def test_a_failed_cifar_download_is_one_error_and_leaves_no_folder(tmp_path, monkeypatch):
+    """No network (here: a proxy where nothing listens, so the test never downloads for real): one
+    DataError naming the folder, and the folders the download made are gone, not left empty for
+    the next run to read as a data set."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for var in ("https_proxy", "http_proxy", "HTTPS_PROXY", "HTTP_PROXY"):
+        monkeypatch.setenv(var, f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "mine.txt").write_text("a user's file\n")
+    for root, gone in ((tmp_path / "new" / "cifar", tmp_path / "new"), (tmp_path / "keep" / "cifar", None)):
+        with pytest.raises(DataError, match=f"{root}: could not download CIFAR-10"):
+            load_splits(DataConfig(name="cifar10", data_dir=str(root), download=True))
+        assert not root.exists()
+        if gone is not None:
+            assert not gone.exists()
+    assert (tmp_path / "keep" / "mine.txt").read_text() == "a user's file\n"  # a folder it did not make stays

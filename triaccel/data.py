@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -124,6 +125,8 @@ def _cifar(cfg: DataConfig, hundred: bool) -> tuple[ImageSet, ImageSet, list]:
         raise DataError(f"data.data_dir: {name} needs a data_dir (the folder holding its files, or where to download them)")
     root = _expand("data.data_dir", cfg.data_dir)
     cls = torchvision.datasets.CIFAR100 if hundred else torchvision.datasets.CIFAR10
+    # the outermost folder a download would make: a failed download leaves none of them behind
+    made = next((p for p in reversed([root, *root.parents]) if not p.exists()), None) if cfg.download else None
     out = []
     for train in (True, False):
         try:
@@ -132,6 +135,8 @@ def _cifar(cfg: DataConfig, hundred: bool) -> tuple[ImageSet, ImageSet, list]:
             hint = "" if cfg.download else " (set data.download: true to fetch it)"
             raise DataError(f"{root}: no {name} files found{hint}: {e}") from None
         except OSError as e:  # network failures during download
+            if made is not None:  # everything under it is this download's (an empty folder, a partial archive)
+                shutil.rmtree(made, ignore_errors=True)
             raise DataError(f"{root}: could not download {name}: {e}") from None
         x = torch.from_numpy(np.ascontiguousarray(ds.data)).permute(0, 3, 1, 2).contiguous()
         y = torch.tensor(ds.targets, dtype=torch.int64)
