@@ -397,3 +397,17 @@ def test_peak_memory_leaves_out_what_the_process_held_before_the_run():
     beside = Trainer(cfg, log=lambda *a: None).setup().fit()["peak_mem_gib"]
     del hog
     assert abs(beside - alone) * 2**30 < 8 * 2**20, (alone, beside)
+
+
+def test_a_triaccel_section_in_another_mode_is_said_unused():
+    """An exported config run with --set mode=amp keeps its triaccel section; its optimizer_state:
+    bf16 (say) does not apply to the static run, and the run says so once, naming the keys."""
+    logs = []
+    Trainer(small_cfg(mode="amp", amp_dtype="bf16", **{"triaccel.precision.optimizer_state": "bf16"}),
+            log=logs.append).setup()
+    said = [ln for ln in logs if ln.startswith("[config]")]
+    assert said == ["[config] mode amp: the triaccel section is not used (triaccel.precision.optimizer_state set); "
+                    "it applies in mode: triaccel"]
+    logs.clear()
+    Trainer(small_cfg(mode="amp", amp_dtype="bf16"), log=logs.append).setup()
+    assert not [ln for ln in logs if ln.startswith("[config]")]

@@ -24,6 +24,7 @@ and the Ray Tune reporter attach here and never copy the loop.
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import os
@@ -40,7 +41,7 @@ import torch.nn.functional as F
 
 from triaccel.capture import StepGraphs
 from triaccel.compiled import CompileError, CompiledForward
-from triaccel.config import TrainConfig
+from triaccel.config import TrainConfig, TriAccelConfig
 from triaccel.data import ElasticSampler, ResidentData, load_splits
 from triaccel.errors import TriAccelError
 from triaccel.measure import GiB, MemoryMeter, free_device, sync
@@ -206,6 +207,18 @@ def param_groups(model: nn.Module, per_layer: bool) -> list[dict]:
     return groups
 
 
+def _changed_keys(default, given, prefix: str) -> list[str]:
+    """The dotted keys where dataclass ``given`` differs from ``default``."""
+    out = []
+    for f in dataclasses.fields(default):
+        a, b = getattr(default, f.name), getattr(given, f.name)
+        if dataclasses.is_dataclass(a):
+            out += _changed_keys(a, b, f"{prefix}{f.name}.")
+        elif a != b:
+            out.append(prefix + f.name)
+    return out
+
+
 ADAPTIVE = frozenset({"batch_size", "micro_batch", "batch_lr_factor", "lr_scales"})
 
 
@@ -275,6 +288,13 @@ class Trainer:
             self.precision = PrecisionRuntime(self.model, self.device, initial=cfg.amp_dtype, log=self.log,
                                               uniform_fast_path=cfg.triaccel.uniform_fast_path,
                                               cpu_fp16=cfg.triaccel.precision.cpu_fp16)
+
+        if cfg.mode != "triaccel" and cfg.triaccel != TriAccelConfig():
+            # an exported config switched to mode amp keeps its triaccel section: say it is not read
+            # (its optimizer_state: bf16, say, would otherwise seem to apply to the static run)
+            changed = sorted(_changed_keys(TriAccelConfig(), cfg.triaccel, "triaccel."))
+            self.log(f"[config] mode {cfg.mode}: the triaccel section is not used ({', '.join(changed[:3])}"
+                     f"{', ...' if len(changed) > 3 else ''} set); it applies in mode: triaccel")
 
         # ---- optimizer, schedule, scaler
         groups = param_groups(self.model, per_layer=cfg.mode == "triaccel")
