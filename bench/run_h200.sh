@@ -2,7 +2,7 @@
 # The H200 benchmark runs, in one place. Usage (on the GPU machine, repo root):
 #   bash bench/run_h200.sh OUTDIR SECTION...
 #   sections: kernels breakdown overhead probe paper hostprofile profile baselines elastic ablation search searchcapture
-#             space10 space10finals effnet224 effnet224diag compile (search, searchcapture, space10: need Ray etc., PYTHONPATH=/tmp/site)
+#             space10 space10finals effnet224 effnet224diag compile ckptblocks (search, searchcapture, space10: need Ray etc., PYTHONPATH=/tmp/site)
 # Expects the CIFAR-10 JPEG tree in /tmp/cifar (tar xzf cifar10-jpeg.tar.gz -C /tmp/cifar).
 # Each section writes OUTDIR/<name>.json (profile: OUTDIR/profile/) and a log; a failing section
 # does not stop the others. SECTION_TIMEOUT=S (seconds) stops any one section after S seconds.
@@ -53,6 +53,12 @@ for s in "$@"; do
                  --epochs 8 --seeds 0,1,2 --static fp16:96:captured,fp16:96:compiled,fp16:96:captured:compiled \
                  --static-once fp16:512:compiled --warm-epochs 1 --variant compiled:compile=default \
                  --out "$out/h200_compile.json" ;;
+    ckptblocks) # selective checkpointing (checkpoint_blocks): the first stage's 2 blocks, then the first two
+               # stages' 4, on the exported config, against static fp16 B=96 captured; 3 seeds interleaved
+               python3 bench/search_vs_static.py --data-dir $data --tuned bench/configs/h200_exported_bf16.yaml \
+                 --epochs 8 --seeds 0,1,2 --static fp16:96:captured --static-once '' --warm-epochs 1 \
+                 --variant ckpt2:checkpointing=true,checkpoint_blocks=2 \
+                 --variant ckpt4:checkpointing=true,checkpoint_blocks=4 --out "$out/h200_ckptblocks.json" ;;
     effnet224diag) python3 bench/effnet224_diag.py --data-dir $data --subset 10 --epochs 2 --timeout 240 \
                  --variants amp,score,score-nobatch,score-nocurv,score-noprec,triaccel-off \
                  --out "$out/h200_effnet224_diag_score.json" ;;  # issue 14 case 15: the new defaults at 224 px

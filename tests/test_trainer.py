@@ -101,6 +101,46 @@ def test_checkpointed_model_matches_plain():
     assert all(torch.allclose(p.grad, q.grad) for p, q in zip(plain.parameters(), ckpt.parameters()))
 
 
+def test_checkpoint_blocks_recomputes_only_the_first_blocks_and_saves_less():
+    """checkpoint_blocks: N wraps the first N blocks; the gradients are the plain model's, and the
+    bytes autograd keeps for backward fall with each block checkpointed."""
+    from triaccel.errors import ConfigError
+
+    torch.manual_seed(3)
+    plain = build_model(ModelConfig(name="small_cnn", width=8), 10, 1, 8)
+    x = torch.randn(6, 1, 8, 8)
+
+    def saved_bytes(m):
+        seen = {}
+
+        def pack(t):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = m(x)
+        return out, sum(seen.values())
+
+    out0, full = saved_bytes(plain)
+    out0.square().mean().backward()
+    sizes = []
+    for first in (1, 2, 3):
+        m = copy.deepcopy(plain)
+        m.zero_grad(set_to_none=True)
+        assert enable_checkpointing(m, first) == first
+        out, nbytes = saved_bytes(m)
+        out.square().mean().backward()
+        assert torch.allclose(out, out0)
+        assert all(torch.allclose(p.grad, q.grad) for p, q in zip(plain.parameters(), m.parameters()))
+        sizes.append(nbytes)
+    assert full > sizes[0] > sizes[1] > sizes[2]
+    with pytest.raises(ConfigError, match="checkpoint_blocks: SmallCNN has 3 blocks, got 4"):
+        enable_checkpointing(copy.deepcopy(plain), 4)
+    with pytest.raises(ConfigError, match="checkpoint_blocks: is read only with checkpointing: true"):
+        small_cfg(checkpoint_blocks=2)
+    assert small_cfg(checkpointing="true", checkpoint_blocks=2).checkpoint_blocks == 2
+
+
 @pytest.mark.parametrize("momentum", [0.1, None])  # None: a cumulative average over num_batches_tracked
 def test_checkpointed_recomputation_does_not_update_batchnorm_statistics_twice(momentum):
     """The recomputation in backward runs each block's BatchNorm again: without care its running

@@ -139,8 +139,9 @@ def _draws_random(m: nn.Module) -> bool:
     return "Dropout" in name or name == "StochasticDepth"
 
 
-def enable_checkpointing(model: nn.Module) -> int:
-    """Recompute each of ``model.blocks()`` in backward instead of storing its activations.
+def enable_checkpointing(model: nn.Module, first: int | None = None) -> int:
+    """Recompute each of ``model.blocks()`` (the first ``first`` of them, when given) in backward
+    instead of storing its activations.
 
     The block's forward is wrapped in place (parameter names and state_dict keys unchanged).
     The recomputation normalises with the batch's statistics as the forward did, but leaves the
@@ -149,6 +150,10 @@ def enable_checkpointing(model: nn.Module) -> int:
     Returns the number of blocks wrapped.
     """
     blocks = model.blocks()
+    if first is not None:
+        if first > len(blocks):
+            raise ConfigError(f"checkpoint_blocks: {type(model).__name__} has {len(blocks)} blocks, got {first}")
+        blocks = blocks[:first]
     for b in blocks:
         inner_forward = b.forward
         # Only a block that draws random numbers (dropout, stochastic depth) needs its RNG state saved

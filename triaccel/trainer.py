@@ -282,7 +282,7 @@ class Trainer:
             for d in (self.train_data, self.val_data, self.test_data):
                 d.channels_last = True
         if cfg.checkpointing:
-            enable_checkpointing(self.model)
+            enable_checkpointing(self.model, cfg.checkpoint_blocks)
         self.precision: PrecisionRuntime | None = None
         if cfg.mode == "triaccel":
             self.precision = PrecisionRuntime(self.model, self.device, initial=cfg.amp_dtype, log=self.log,
