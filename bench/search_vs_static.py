@@ -179,8 +179,8 @@ def main():
         dt, b, *flags = spec.split(":")
         d = copy.deepcopy(static)
         d.update(mode="amp", amp_dtype=dt, batch_size=int(b), capture="captured" in flags)
-        if "compiled" in flags:  # torch.compile(mode="default"), what a user who compiles runs
-            d["compile"] = "default"
+        # torch.compile(mode="default"), what a user who compiles runs; else eager whatever the space sets
+        d["compile"] = "default" if "compiled" in flags else None
         if "torchws" in flags:  # torch's cuBLAS workspace, as plain PyTorch runs, not the config's
             d["cublas_workspace_mib"] = None
         return (f"static amp {dt} B={b}" + (" captured" if "captured" in flags else "")
@@ -223,10 +223,12 @@ def main():
             summary[lab] = {k: stats([x[k] for x in rs]) for k in ("efficiency", "val_acc", "epoch_time_last5_s",
                                                                     "peak_mem_gib")}
         statics = {k: v for k, v in summary.items() if k.startswith("static")}
-        # against the best static run of all, the best eager one (what a user runs without us) and
-        # the best captured one (static training with our captured step)
-        for suffix, pool in (("", statics), ("_eager", {k: v for k, v in statics.items() if "captured" not in k}),
-                             ("_captured", {k: v for k, v in statics.items() if "captured" in k})):
+        # against the best static run of all, the best eager one (what a user runs without us), the
+        # best captured one (static training with our captured step) and the best compiled one
+        for suffix, pool in (("", statics),
+                             ("_eager", {k: v for k, v in statics.items() if "captured" not in k and "compiled" not in k}),
+                             ("_captured", {k: v for k, v in statics.items() if "captured" in k}),
+                             ("_compiled", {k: v for k, v in statics.items() if "compiled" in k})):
             if "exported" in summary and pool:
                 best = max(pool, key=lambda k: pool[k]["efficiency"]["mean"])
                 res[f"best_static{suffix}"] = best

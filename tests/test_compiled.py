@@ -119,3 +119,53 @@ def test_a_compile_that_fails_is_one_line_and_the_run_goes_on_eager(tmp_path):
     assert len(said) == 1 and "failed" in said[0] and "goes on eager" in said[0], r.stdout + r.stderr
     assert "Traceback" not in r.stdout + r.stderr
     assert "epoch   1/1" in r.stdout
+
+
+def _buffers(t):
+    return torch.cat([b.float().flatten() for b in t.model.buffers()])
+
+
+def test_checkpointed_blocks_compile_whole_and_update_batchnorm_once():
+    """checkpointing: true under compile: each block is one traced checkpoint region (the eager
+    wrapper's call counter broke the trace at every block, leaving the blocks eager without a word),
+    and BatchNorm's running statistics move once a step, as in the plain model."""
+    plain = build_trainer(small_cfg(mode="fp32"), log=lambda *_: None)
+    logs = []
+    both = build_trainer(small_cfg(mode="fp32", checkpointing="true", compile="default"), log=logs.append)
+    lp, lb = _steps(plain), _steps(both)
+    s = both.compiled.stats()
+    assert s["graph_breaks"] == 0 and s["compiled_graphs"] == 1, (s, logs)
+    assert lb == pytest.approx(lp, rel=1e-5)
+    assert torch.allclose(_buffers(both), _buffers(plain), atol=1e-5)
+    assert torch.allclose(_params(both), _params(plain), atol=1e-5)
+
+
+def test_a_backward_compile_failure_retries_eager_with_batchnorm_statistics_put_back(monkeypatch):
+    """AOTAutograd compiles the backward at the first backward, after the compiled forward has
+    updated BatchNorm's running statistics; the eager retry of the window must start from the
+    statistics as they were (they moved twice, and evaluation read them). The backward's compile
+    is made to fail (Inductor's caches off, so it is really compiled)."""
+    import torch._functorch.config as fcfg
+    import torch._inductor.compile_fx as cfx
+    import torch._inductor.config as icfg
+
+    eager = build_trainer(small_cfg(mode="fp32", **{"data.augment": "false"}), log=lambda *_: None)
+    le = _steps(eager)
+    real = cfx.fx_codegen_and_compile
+
+    def backward_fails(gm, example_inputs, *args, **kw):
+        if kw.get("is_backward"):
+            raise RuntimeError("injected: the backward cannot be lowered")
+        return real(gm, example_inputs, *args, **kw)
+
+    monkeypatch.setattr(icfg, "fx_graph_cache", False)
+    monkeypatch.setattr(fcfg, "enable_autograd_cache", False)
+    monkeypatch.setattr(cfx, "fx_codegen_and_compile", backward_fails)
+    logs = []
+    comp = build_trainer(small_cfg(mode="fp32", compile="default", **{"data.augment": "false"}), log=logs.append)
+    lc = _steps(comp)
+    said = [ln for ln in logs if ln.startswith("[compile]")]
+    assert len(said) == 1 and "injected" in said[0] and comp.compiled.disabled, logs
+    assert lc == pytest.approx(le, rel=1e-5)
+    assert torch.equal(_buffers(comp), _buffers(eager))  # num_batches_tracked included: once a step
+    assert torch.allclose(_params(comp), _params(eager), atol=1e-6)

@@ -67,8 +67,11 @@ class _Graph:
 
 class StepGraphs:
     def __init__(self, device: torch.device, cap: int = 8, warmup: int = 1, log: Callable = print, meter=None,
-                 params: list | None = None, zero: Callable[[], None] | None = None):
+                 params: list | None = None, zero: Callable[[], None] | None = None, compiled: bool = False):
         self.device = device
+        # the body runs a torch.compile'd forward: a new key (a new plan) may recompile, which must
+        # not happen inside a recording (torch refuses: "cannot JIT compile during CUDA graph capture")
+        self.compiled = compiled
         # fresh gradients (see above) need the parameters and a way to zero their gradients in place
         self.params = [p for p in (params or []) if p.requires_grad]
         self.zero = zero
@@ -172,8 +175,9 @@ class StepGraphs:
         """Eager occurrences before recording: cuDNN's autotuner runs kernels when it meets a new
         (shape, dtype), which a recording must not; without it (the elastic batch turns it off),
         a new precision plan at a shape already recorded is recorded at once, with no eager
-        micro-batch whose activations would sit beside the pool."""
-        if not torch.backends.cudnn.benchmark and key[0] in self.shapes:
+        micro-batch whose activations would sit beside the pool. A compiled forward always runs one
+        eager occurrence first: its compile happens there, outside the recording."""
+        if not torch.backends.cudnn.benchmark and key[0] in self.shapes and not self.compiled:
             return 0
         return self.warmup
 

@@ -8,11 +8,19 @@ module itself is untouched (parameter names, state_dict keys and checkpoints sta
 ``dynamic=False``: one compiled graph per micro-batch shape and precision plan, the compiled
 counterpart of the captured step's one graph per (shape, plan); torch's recompile limit
 (``torch._dynamo.config.recompile_limit``) caps them, past it a new shape runs eager (torch says
-so once). A run starts from an empty compile cache (``torch.compiler.reset``): each run pays
-its own compile in its first epochs, which the score's epoch time leaves out, and reports it
-apart (``compile_s``, from torch's own compile-time metrics: the forward's and the backward's
-compile) so that nothing is hidden. A compile that fails (an operator Inductor cannot lower, no
-C++ compiler on a CPU machine) is one log line; the run goes on eager from the same examples.
+so once). A run starts from empty in-process caches (``torch.compiler.reset``); Inductor's
+on-disk caches (``TORCHINDUCTOR_CACHE_DIR``) still serve a graph some earlier process compiled,
+so a run's compile time is what it paid: about a minute for ResNet-18's first compile on a CPU,
+a second or two when the disk cache serves it. It lands in the epochs that compile (the first,
+which the score leaves out, and any epoch where a new batch size or precision plan appears) and
+is reported apart (``compile_s``, from torch's own compile-time metrics: the forward's compile
+and the backward's, which AOTAutograd compiles at the first backward) with ``compiled_graphs``
+and ``graph_breaks`` (parts of the forward Dynamo could not trace run eager; the run says so in
+one line). A compile that fails (an operator Inductor cannot lower, no C++ compiler on a CPU
+machine) is one log line and the run goes on eager from the same examples: a window whose
+compile may still fail (a shape or plan not yet compiled) snapshots the model's buffers first,
+so BatchNorm's running statistics, which the compiled forward already updated before a
+backward's compile failed, are put back before the eager retry updates them.
 """
 from __future__ import annotations
 
@@ -40,6 +48,16 @@ def _compile_seconds() -> float:
     return float(sum(sum(m.get(k, ())) for k in _COMPILE_PHASES))
 
 
+def _graph_breaks() -> tuple[int, str]:
+    """Graph breaks so far in this process, and the first reason torch recorded."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:  # pragma: no cover
+        return 0, ""
+    breaks = counters["graph_break"]
+    return int(sum(breaks.values())), next(iter(breaks), "")
+
+
 def _graphs_compiled() -> int:
     try:
         from torch._dynamo.utils import counters
@@ -60,19 +78,45 @@ class CompiledForward:
         self.disabled: str | None = None
         self._graphs0 = _graphs_compiled()
         self._seconds0 = _compile_seconds()
+        self._breaks0 = _graph_breaks()[0]
+        self._breaks_said = False
+        self._windows: set = set()  # windows (shapes, plan) whose compile has succeeded
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.disabled is not None:
             return self.model(x)
         return self.fn(x)
 
-    def fail(self, e: BaseException) -> None:
-        """A compile failed: the rest of the run is eager, and says why in one line."""
+    def before_window(self, key) -> list[torch.Tensor] | None:
+        """A copy of the model's buffers when this window (its micro-batch shapes and plan) may still
+        compile, hence fail; None once it has run compiled, or when compile is off."""
+        if self.disabled is not None or key in self._windows:
+            return None
+        return [b.detach().clone() for b in self.model.buffers()]
+
+    def after_window(self, key) -> None:
+        if self.disabled is None:
+            self._windows.add(key)
+
+    def fail(self, e: BaseException, buffers: list[torch.Tensor] | None = None) -> None:
+        """A compile failed: the model's buffers go back to ``buffers`` (taken before the window), and
+        the rest of the run is eager, saying why in one line."""
+        if buffers is not None:
+            with torch.no_grad():
+                for b, saved in zip(self.model.buffers(), buffers):
+                    b.copy_(saved)
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         self.disabled = f"{type(e).__name__}: {first}"[:200]
         self.log(f"[compile] torch.compile({self.mode}) failed ({self.disabled}): the run goes on eager")
 
     def stats(self) -> dict:
+        breaks, why = _graph_breaks()
+        breaks -= self._breaks0
+        if breaks and not self._breaks_said:
+            self._breaks_said = True
+            self.log(f"[compile] {breaks} graph break{'s' if breaks > 1 else ''} (the first: {why[:160]}): those "
+                     f"parts of the forward run eager")
         return {"compiled_graphs": _graphs_compiled() - self._graphs0,
                 "compile_s": _compile_seconds() - self._seconds0,
+                "graph_breaks": breaks,
                 "compile_disabled": int(self.disabled is not None)}

@@ -163,6 +163,11 @@ def enable_checkpointing(model: nn.Module, first: int | None = None) -> int:
         norms = [m for m in b.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
 
         def fwd(x, _f=inner_forward, _rng=random, _norms=norms):
+            if torch.is_grad_enabled() and torch.compiler.is_compiling():
+                # traced (compile): the checkpoint becomes one region whose recomputation the partitioner
+                # schedules from the traced ops, where a buffer update happens once, in the forward; the
+                # call counter below would stop the trace at every block (a graph break, the block eager)
+                return checkpoint(_f, x, use_reentrant=False, preserve_rng_state=_rng)
             if torch.is_grad_enabled():
                 calls = [0]
 

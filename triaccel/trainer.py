@@ -321,7 +321,7 @@ class Trainer:
                 fresh = not cfg.checkpointing
                 self.graphs = StepGraphs(self.device, cap=cfg.capture_cap, log=self.log, meter=self.meter,
                                          params=list(self.model.parameters()) if fresh else None,
-                                         zero=self._zero_grads if fresh else None)
+                                         zero=self._zero_grads if fresh else None, compiled=cfg.compile is not None)
             else:
                 self.log(f"[capture] CUDA graphs need a CUDA device: this run on {self.device} is eager")
         # the training forward through torch.compile (triaccel.compiled); evaluation and probes call self.model
@@ -586,6 +586,10 @@ class Trainer:
             self._zero_grads()
 
         forward = self.compiled or self.model
+        window = None
+        if self.compiled is not None:  # (shapes, plan): a window not yet run compiled may fail to compile
+            window = (tuple(len(c) for c in chunks), use_scaler, self._plan())
+        saved = self.compiled.before_window(window) if self.compiled is not None else None
 
         def body(x, y, n_):  # one micro-batch; ``n_`` is the window's size (a device scalar when captured)
             with self.meter.track_forward(), self.autocast():
@@ -609,13 +613,18 @@ class Trainer:
         except CompileError as e:  # forward or (at the first backward) backward compile
             if self.compiled is None or self.compiled.disabled is not None:
                 raise
-            self.compiled.fail(e)
+            self.compiled.fail(e, saved)  # buffers back as they were before the window
             return self._accumulate(idx, n, use_scaler)  # the same examples, eager, from zeroed gradients
+        if self.compiled is not None:
+            self.compiled.after_window(window)
         return total
 
+    def _plan(self):
+        """The precision plan a captured or compiled graph was made for."""
+        return tuple(self.precision.levels()) if self.precision is not None else self.cfg.amp_dtype
+
     def _graph_key(self, x: torch.Tensor, use_scaler: bool) -> tuple:
-        plan = tuple(self.precision.levels()) if self.precision is not None else self.cfg.amp_dtype
-        return tuple(x.shape), x.stride(), use_scaler, plan
+        return tuple(x.shape), x.stride(), use_scaler, self._plan()
 
     def _recover_from_oom(self) -> None:
         self._zero_grads()
