@@ -227,7 +227,7 @@ def main():
         # best captured one (static training with our captured step) and the best compiled one
         for suffix, pool in (("", statics),
                              ("_eager", {k: v for k, v in statics.items() if "captured" not in k and "compiled" not in k}),
-                             ("_captured", {k: v for k, v in statics.items() if "captured" in k}),
+                             ("_captured", {k: v for k, v in statics.items() if "captured" in k and "compiled" not in k}),
                              ("_compiled", {k: v for k, v in statics.items() if "compiled" in k})):
             if "exported" in summary and pool:
                 best = max(pool, key=lambda k: pool[k]["efficiency"]["mean"])

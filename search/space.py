@@ -439,6 +439,12 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "", strict: bo
     (space.baseline_batches, space.baseline_dtypes, space.baseline_capture,
      space.margin, space.second_look) = _baseline(src, data.get("baseline"), base)
     space.start = _start(src, data.get("start"), space)
+    for label, d in space.baseline_runs():  # built after the parent run: one that cannot train fails at load
+        try:
+            from_dict(TrainConfig, d)
+        except ConfigError as e:
+            raise _err(src, "baseline", f"the static baseline {label} (train settings in amp mode) is not a valid "
+                                        f"config: {e}") from None
     if space.grace_period > base.epochs:
         raise _err(src, "grace_period", f"must be <= train.epochs ({base.epochs})")
     return space

@@ -190,10 +190,12 @@ def test_a_failed_cifar_download_is_one_error_and_leaves_no_folder(tmp_path, mon
     monkeypatch.delenv("NO_PROXY", raising=False)
     (tmp_path / "keep").mkdir()
     (tmp_path / "keep" / "mine.txt").write_text("a user's file\n")
-    for root, gone in ((tmp_path / "new" / "cifar", tmp_path / "new"), (tmp_path / "keep" / "cifar", None)):
+    for root, gone in ((tmp_path / "new" / "cifar", tmp_path / "new"), (tmp_path / "keep" / "cifar", None),
+                       (tmp_path / "a" / ".." / "b" / "cifar", tmp_path / "b")):  # makes both a and b
         with pytest.raises(DataError, match=f"{root}: could not download CIFAR-10"):
             load_splits(DataConfig(name="cifar10", data_dir=str(root), download=True))
         assert not root.exists()
         if gone is not None:
             assert not gone.exists()
+    assert not (tmp_path / "a").exists()
     assert (tmp_path / "keep" / "mine.txt").read_text() == "a user's file\n"  # a folder it did not make stays

@@ -136,9 +136,13 @@ def test_checkpoint_blocks_recomputes_only_the_first_blocks_and_saves_less():
     assert full > sizes[0] > sizes[1] > sizes[2]
     with pytest.raises(ConfigError, match="checkpoint_blocks: SmallCNN has 3 blocks, got 4"):
         enable_checkpointing(copy.deepcopy(plain), 4)
-    with pytest.raises(ConfigError, match="checkpoint_blocks: is read only with checkpointing: true"):
-        small_cfg(checkpoint_blocks=2)
-    assert small_cfg(checkpointing="true", checkpoint_blocks=2).checkpoint_blocks == 2
+    # read only with checkpointing: a search that turns checkpointing off around it, or a profile's
+    # checkpointing-off variant, trains every block plainly
+    t = Trainer(small_cfg(checkpoint_blocks=2), log=lambda *_: None).setup()
+    assert not any(hasattr(b.forward, "__wrapped__") or b.forward.__class__.__name__ == "function"
+                   for b in t.model.blocks())
+    with pytest.raises(ConfigError, match="checkpoint_blocks: must be null"):
+        small_cfg(checkpoint_blocks=0)
 
 
 @pytest.mark.parametrize("momentum", [0.1, None])  # None: a cumulative average over num_batches_tracked
@@ -451,3 +455,10 @@ def test_a_triaccel_section_in_another_mode_is_said_unused():
     logs.clear()
     Trainer(small_cfg(mode="amp", amp_dtype="bf16"), log=logs.append).setup()
     assert not [ln for ln in logs if ln.startswith("[config]")]
+    # the keys set, not those a policy fills in or stats_every following control_every
+    logs.clear()
+    Trainer(small_cfg(mode="amp", amp_dtype="bf16", **{"triaccel.policy": "paper", "triaccel.control_every": 5}),
+            log=logs.append).setup()
+    assert [ln for ln in logs if ln.startswith("[config]")] == [
+        "[config] mode amp: the triaccel section is not used (triaccel.policy, triaccel.control_every set); "
+        "it applies in mode: triaccel"]

@@ -125,24 +125,33 @@ def _cifar(cfg: DataConfig, hundred: bool) -> tuple[ImageSet, ImageSet, list]:
         raise DataError(f"data.data_dir: {name} needs a data_dir (the folder holding its files, or where to download them)")
     root = _expand("data.data_dir", cfg.data_dir)
     cls = torchvision.datasets.CIFAR100 if hundred else torchvision.datasets.CIFAR10
-    # the outermost folder a download would make: a failed download leaves none of them behind
-    made = next((p for p in reversed([root, *root.parents]) if not p.exists()), None) if cfg.download else None
+    # the outermost folders a download would make, as written and as resolved (new/../other makes both
+    # new and other): a download that fails (no network, a corrupt archive, Ctrl-C) leaves none behind
+    made = [m for m in {_first_missing(root), _first_missing(Path(os.path.abspath(root)))} if m] if cfg.download else []
     out = []
-    for train in (True, False):
-        try:
-            ds = cls(root=str(root), train=train, download=cfg.download)
-        except RuntimeError as e:
-            hint = "" if cfg.download else " (set data.download: true to fetch it)"
-            raise DataError(f"{root}: no {name} files found{hint}: {e}") from None
-        except OSError as e:  # network failures during download
-            if made is not None:  # everything under it is this download's (an empty folder, a partial archive)
-                shutil.rmtree(made, ignore_errors=True)
-            raise DataError(f"{root}: could not download {name}: {e}") from None
-        x = torch.from_numpy(np.ascontiguousarray(ds.data)).permute(0, 3, 1, 2).contiguous()
-        y = torch.tensor(ds.targets, dtype=torch.int64)
-        out.append(ImageSet(x, y))
-        classes = list(ds.classes)
+    try:
+        for train in (True, False):
+            try:
+                ds = cls(root=str(root), train=train, download=cfg.download)
+            except RuntimeError as e:
+                hint = "" if cfg.download else " (set data.download: true to fetch it)"
+                raise DataError(f"{root}: no {name} files found{hint}: {e}") from None
+            except OSError as e:  # network failures during download
+                raise DataError(f"{root}: could not download {name}: {e}") from None
+            x = torch.from_numpy(np.ascontiguousarray(ds.data)).permute(0, 3, 1, 2).contiguous()
+            y = torch.tensor(ds.targets, dtype=torch.int64)
+            out.append(ImageSet(x, y))
+            classes = list(ds.classes)
+    except BaseException:
+        for m in made:  # everything under it is this download's (an empty folder, a partial archive)
+            shutil.rmtree(m, ignore_errors=True)
+        raise
     return out[0], out[1], classes
+
+
+def _first_missing(p: Path) -> Path | None:
+    """The outermost folder of ``p`` that does not exist yet (None: all of it exists)."""
+    return next((q for q in reversed([p, *p.parents]) if not q.exists()), None)
 
 
 def _expand(key: str, value) -> Path:

@@ -98,7 +98,7 @@ def _phases(t: Trainer, x, y, repeats: int) -> dict:
             torch.cuda.reset_peak_memory_stats(t.device)
         mark()
         with t.meter.track_forward(), t.autocast():
-            loss = F.cross_entropy(t.model(x).float(), y)
+            loss = F.cross_entropy((t.compiled or t.model)(x).float(), y)  # the training forward (compile)
         sync(t.device)
         mark()
         peak("forward")

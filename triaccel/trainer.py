@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from triaccel.capture import StepGraphs
 from triaccel.compiled import CompileError, CompiledForward
-from triaccel.config import TrainConfig, TriAccelConfig
+from triaccel.config import TrainConfig, TriAccelConfig, from_dict
 from triaccel.data import ElasticSampler, ResidentData, load_splits
 from triaccel.errors import TriAccelError
 from triaccel.measure import GiB, MemoryMeter, free_device, sync
@@ -219,6 +219,17 @@ def _changed_keys(default, given, prefix: str) -> list[str]:
     return out
 
 
+def _set_triaccel_keys(given: TriAccelConfig) -> list[str]:
+    """The triaccel keys a config set: its policy (when not the default) and the keys that differ from
+    what that policy fills in, leaving out stats_every where it follows control_every."""
+    base = from_dict(TriAccelConfig, {"policy": given.policy, "control_every": given.control_every})
+    keys = (["triaccel.policy"] if given.policy != TriAccelConfig().policy else []) + sorted(
+        _changed_keys(base, given, "triaccel."))
+    if given.control_every != TriAccelConfig().control_every:
+        keys.append("triaccel.control_every")
+    return keys
+
+
 ADAPTIVE = frozenset({"batch_size", "micro_batch", "batch_lr_factor", "lr_scales"})
 
 
@@ -292,9 +303,8 @@ class Trainer:
         if cfg.mode != "triaccel" and cfg.triaccel != TriAccelConfig():
             # an exported config switched to mode amp keeps its triaccel section: say it is not read
             # (its optimizer_state: bf16, say, would otherwise seem to apply to the static run)
-            changed = sorted(_changed_keys(TriAccelConfig(), cfg.triaccel, "triaccel."))
-            self.log(f"[config] mode {cfg.mode}: the triaccel section is not used ({', '.join(changed[:3])}"
-                     f"{', ...' if len(changed) > 3 else ''} set); it applies in mode: triaccel")
+            self.log(f"[config] mode {cfg.mode}: the triaccel section is not used "
+                     f"({', '.join(_set_triaccel_keys(cfg.triaccel))} set); it applies in mode: triaccel")
 
         # ---- optimizer, schedule, scaler
         groups = param_groups(self.model, per_layer=cfg.mode == "triaccel")
