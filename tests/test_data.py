@@ -180,6 +180,7 @@ def test_a_failed_cifar_download_is_one_error_and_leaves_no_folder(tmp_path, mon
     DataError naming the folder, and the folders the download made are gone, not left empty for
     the next run to read as a data set."""
     import socket
+    import urllib.request
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -188,6 +189,10 @@ def test_a_failed_cifar_download_is_one_error_and_leaves_no_folder(tmp_path, mon
         monkeypatch.setenv(var, f"http://127.0.0.1:{port}")
     monkeypatch.delenv("no_proxy", raising=False)
     monkeypatch.delenv("NO_PROXY", raising=False)
+    # urlopen's global opener reads the proxies once, when first built: built before, it ignores the dead
+    # proxy (and would download for real); built here, every later urlopen of this process went through
+    # it (the UI test's health check never got an answer). A fresh one now, and none left after.
+    monkeypatch.setattr(urllib.request, "_opener", None)
     (tmp_path / "keep").mkdir()
     (tmp_path / "keep" / "mine.txt").write_text("a user's file\n")
     for root, gone in ((tmp_path / "new" / "cifar", tmp_path / "new"), (tmp_path / "keep" / "cifar", None),
