@@ -53,12 +53,14 @@ for s in "$@"; do
                  --epochs 8 --seeds 0,1,2 --static fp16:96:captured,fp16:96:compiled,fp16:96:captured:compiled \
                  --static-once fp16:512:compiled --warm-epochs 1 --variant compiled:compile=default \
                  --out "$out/h200_compile.json" ;;
-    ckptblocks) # selective checkpointing (checkpoint_blocks): the first stage's 2 blocks, then the first two
-               # stages' 4, on the exported config, against static fp16 B=96 captured; 3 seeds interleaved
+    ckptblocks) # selective checkpointing (checkpoint_blocks: the first stage's 2 blocks), eager and compiled,
+               # beside the compiled export, against static fp16 B=96 captured + compiled (the strongest static
+               # run of the compile section); 3 seeds interleaved
                python3 bench/search_vs_static.py --data-dir $data --tuned bench/configs/h200_exported_bf16.yaml \
-                 --epochs 8 --seeds 0,1,2 --static fp16:96:captured --static-once '' --warm-epochs 1 \
-                 --variant ckpt2:checkpointing=true,checkpoint_blocks=2 \
-                 --variant ckpt4:checkpointing=true,checkpoint_blocks=4 --out "$out/h200_ckptblocks.json" ;;
+                 --epochs 8 --seeds 0,1,2 --static fp16:96:captured:compiled --static-once '' --warm-epochs 1 \
+                 --variant compiled:compile=default \
+                 --variant ckpt2c:checkpointing=true,checkpoint_blocks=2,compile=default \
+                 --variant ckpt2:checkpointing=true,checkpoint_blocks=2 --out "$out/h200_ckptblocks.json" ;;
     effnet224diag) python3 bench/effnet224_diag.py --data-dir $data --subset 10 --epochs 2 --timeout 240 \
                  --variants amp,score,score-nobatch,score-nocurv,score-noprec,triaccel-off \
                  --out "$out/h200_effnet224_diag_score.json" ;;  # issue 14 case 15: the new defaults at 224 px

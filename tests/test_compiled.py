@@ -19,6 +19,16 @@ from triaccel.trainer import Decisions
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _own_inductor_cache(tmp_path_factory):
+    """This module's compiles use a cache of their own, shared by its tests: the user's default cache
+    may hold a file a killed compile left half-written (on the H200 a suite cut by `timeout` left a
+    truncated .so, and the next run's compile failed loading it: 'file too short')."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor")))
+        yield
+
+
 def _params(t):
     return torch.cat([p.detach().float().flatten() for p in t.model.parameters()])
 
@@ -169,3 +179,21 @@ def test_a_backward_compile_failure_retries_eager_with_batchnorm_statistics_put_
     assert lc == pytest.approx(le, rel=1e-5)
     assert torch.equal(_buffers(comp), _buffers(eager))  # num_batches_tracked included: once a step
     assert torch.allclose(_params(comp), _params(eager), atol=1e-6)
+
+
+def test_a_compile_failure_naming_inductors_cache_says_which_folder_to_remove():
+    """A truncated file a killed compile left in Inductor's cache fails every later compile (seen on
+    the H200): the one line names the folder; other failures get no such hint."""
+    import torch.nn as nn
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    from triaccel.compiled import CompileError, CompiledForward
+
+    logs = []
+    cf = CompiledForward(nn.Linear(2, 2), "default", log=logs.append)
+    cf.fail(CompileError(f"ImportError: {cache_dir()}/2u/c2uw.main.so: file too short"))
+    other = CompiledForward(nn.Linear(2, 2), "default", log=logs.append)
+    other.fail(CompileError("Unsupported: an operator Inductor cannot lower"))
+    assert len(logs) == 2 and cf.disabled and other.disabled
+    assert cache_dir() in logs[0] and "remove that folder" in logs[0] and "goes on eager" in logs[0]
+    assert "remove" not in logs[1]

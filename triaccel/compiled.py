@@ -66,6 +66,21 @@ def _graphs_compiled() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def _cache_hint(message: str) -> str:
+    """When the error names a file in Inductor's on-disk cache: a compile killed mid-write (a timeout,
+    Ctrl-C) can leave a truncated file there that every later compile trips on (H200, 2026-12-02:
+    'main.so: file too short'), so say which folder to remove."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+        folder = cache_dir()
+    except Exception:  # noqa: BLE001 -- a hint only
+        return ""
+    if folder and folder in message:
+        return f"; the error names Inductor's cache {folder}: a compile killed mid-write can leave a broken " \
+               f"file there, remove that folder (or set TORCHINDUCTOR_CACHE_DIR) and run again"
+    return ""
+
+
 class CompiledForward:
     """``model``'s forward compiled with ``mode``; calls it, or the eager module once disabled."""
 
@@ -107,7 +122,8 @@ class CompiledForward:
                     b.copy_(saved)
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         self.disabled = f"{type(e).__name__}: {first}"[:200]
-        self.log(f"[compile] torch.compile({self.mode}) failed ({self.disabled}): the run goes on eager")
+        self.log(f"[compile] torch.compile({self.mode}) failed ({self.disabled}): the run goes on eager"
+                 + _cache_hint(str(e)))
 
     def stats(self) -> dict:
         breaks, why = _graph_breaks()
