@@ -828,7 +828,9 @@ def run_baselines(name: str, space: SearchSpace, uri: str, shared: int) -> list 
         s = run_alone(name, uri, cfg, {"parent": parent, TAG_SEARCH: name, TAG_ROLE: "baseline",
                                        "triaccel.baseline": label, "triaccel.trial_id": f"baseline-{label}",
                                        "triaccel.values": json.dumps({"mode": "amp", "amp_dtype": d["amp_dtype"],
-                                                                      "batch_size": d["batch_size"]})}, label)
+                                                                      "batch_size": d["batch_size"],
+                                                                      "capture": d["capture"],
+                                                                      "compile": d["compile"]})}, label)
         if s is not None:
             print(f"baseline {label}: eff {s['efficiency']:.2f}  val {s['val_acc']:.2f}%  "
                   f"{s['epoch_time_last5_s']:.2f}s/epoch  {s['peak_mem_gib']:.3f} GiB", flush=True)

@@ -15,6 +15,7 @@ A space file (``spaces/*.yaml``)::
       batch_sizes: [96, 256, 512] # static AMP runs, alone, same epochs and seed (default: B, 2B, 4B)
       amp_dtypes: [bf16]          # default: train.amp_dtype ([] batch_sizes: no baseline)
       capture: [false, true]      # eager and/or captured step (CUDA graphs); default [false]: eager
+      compile: [none, default]    # torch.compile'd forward or not (none); default: train's compile
       accuracy_margin: 0.5        # pp a trial may fall below the reference baseline (default 0.5)
       second_look: 1.0            # with the confirm runs: pp beyond the margin a trial is re-run at the
                                   # next seed beside the reference, judged by the mean gap (1.0; 0: never)
@@ -61,7 +62,8 @@ from triaccel.errors import ConfigError
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "categorical")
 TOP_KEYS = {"name", "objective", "trials", "concurrency", "gpus_per_trial", "cpus_per_trial", "scheduler",
             "sampler", "seed", "grace_period", "train", "params", "description", "baseline", "start"}
-BASELINE_KEYS = {"batch_sizes", "amp_dtypes", "capture", "accuracy_margin", "second_look"}
+BASELINE_KEYS = {"batch_sizes", "amp_dtypes", "capture", "compile", "accuracy_margin", "second_look"}
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead")
 PARAM_KEYS = {"distribution", "low", "high", "step", "choices", "above"}
 DIST_KEYS = {"uniform": {"distribution", "low", "high", "above"}, "loguniform": {"distribution", "low", "high", "above"},
              "int": {"distribution", "low", "high", "step", "above"}, "categorical": {"distribution", "choices", "above"}}
@@ -98,6 +100,7 @@ class SearchSpace:
     baseline_batches: list = field(default_factory=list)
     baseline_dtypes: list = field(default_factory=list)
     baseline_capture: list = field(default_factory=lambda: [False])
+    baseline_compile: list = field(default_factory=lambda: [None])  # compile modes, None: eager forward
     margin: float = 0.5
     second_look: float = 1.0  # pp beyond the margin that earns a trial a second seed (results.to_recheck)
     start: list = field(default_factory=list)  # points to evaluate first, in Optuna's names (``sampled``)
@@ -190,16 +193,22 @@ class SearchSpace:
 
     def baseline_runs(self) -> list[tuple[str, dict]]:
         """(label, train dict) of every static AMP baseline: the space's train settings as they
-        are, in amp mode at each declared batch size, dtype and step (eager / captured)."""
+        are, in amp mode at each declared batch size, dtype, step (eager / captured) and forward
+        (eager / compiled)."""
         out = []
-        for cap in self.baseline_capture:
-            for dt in self.baseline_dtypes:
-                for b in self.baseline_batches:
-                    d = copy.deepcopy(self.train)
-                    d.pop("triaccel", None)
-                    d.update(mode="amp", amp_dtype=dt, batch_size=b, evaluate_test=False, capture=cap)
-                    d["accum_steps"] = 1
-                    out.append((f"amp-{dt}-B{b}" + ("-captured" if cap else ""), d))
+        for comp in self.baseline_compile:
+            for cap in self.baseline_capture:
+                for dt in self.baseline_dtypes:
+                    for b in self.baseline_batches:
+                        d = copy.deepcopy(self.train)
+                        d.pop("triaccel", None)
+                        d.update(mode="amp", amp_dtype=dt, batch_size=b, evaluate_test=False, capture=cap,
+                                 compile=comp)
+                        d["accum_steps"] = 1
+                        label = f"amp-{dt}-B{b}" + ("-captured" if cap else "")
+                        if comp is not None:
+                            label += "-compiled" + ("" if comp == "default" else f"-{comp}")
+                        out.append((label, d))
         return out
 
     @property
@@ -436,7 +445,7 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "", strict: bo
         seed=opt("seed", int, 0, lambda v: 0 <= v < 2**32, "must be in [0, 2**32) (the samplers' seed range)"),
         grace_period=opt("grace_period", int, 1, lambda v: v >= 1, "must be >= 1"),
         source=source, sha256=sha256, raw=copy.deepcopy(data))
-    (space.baseline_batches, space.baseline_dtypes, space.baseline_capture,
+    (space.baseline_batches, space.baseline_dtypes, space.baseline_capture, space.baseline_compile,
      space.margin, space.second_look) = _baseline(src, data.get("baseline"), base)
     space.start = _start(src, data.get("start"), space)
     for label, d in space.baseline_runs():  # built after the parent run: one that cannot train fails at load
@@ -494,8 +503,8 @@ def _start(src: str, spec, space: SearchSpace) -> list:
     return out
 
 
-def _baseline(src: str, spec, base: TrainConfig) -> tuple[list, list, list, float, float]:
-    """The ``baseline`` section: batch sizes, AMP dtypes, steps and the accuracy margin, checked."""
+def _baseline(src: str, spec, base: TrainConfig) -> tuple[list, list, list, list, float, float]:
+    """The ``baseline`` section: batch sizes, AMP dtypes, steps, forwards and the accuracy margin, checked."""
     if spec is None:
         spec = {}
     if not isinstance(spec, dict):
@@ -515,14 +524,27 @@ def _baseline(src: str, spec, base: TrainConfig) -> tuple[list, list, list, floa
     capture = spec.get("capture", [False])
     if not isinstance(capture, list) or not capture or not all(isinstance(c, bool) for c in capture):
         raise _err(src, "baseline.capture", f"must be a non-empty list of true / false, got {capture!r}")
+    # none (or null / false): the eager forward; default: the trials' own setting, so both compare like for like
+    compile_ = spec.get("compile", [base.compile])
+    if not isinstance(compile_, list) or not compile_:
+        raise _err(src, "baseline.compile", f"must be a non-empty list of none / {' / '.join(COMPILE_MODES)}, "
+                                            f"got {compile_!r}")
+    modes = []
+    for c in compile_:
+        if c in (None, False, "none"):
+            modes.append(None)
+        elif isinstance(c, str) and c in COMPILE_MODES:
+            modes.append(c)
+        else:
+            raise _err(src, "baseline.compile", f"{c!r} is not one of none, {', '.join(COMPILE_MODES)}")
     margin = _num(src, "baseline.accuracy_margin", spec.get("accuracy_margin", 0.5), "accuracy_margin")
     if margin < 0:
         raise _err(src, "baseline.accuracy_margin", f"must be >= 0 (percentage points), got {margin}")
     look = _num(src, "baseline.second_look", spec.get("second_look", 1.0), "second_look")
     if not 0 <= look <= 100:
         raise _err(src, "baseline.second_look", f"must be in [0, 100] (percentage points), got {look}")
-    return (sorted(set(sizes)), list(dict.fromkeys(dtypes)), list(dict.fromkeys(capture)), float(margin),
-            float(look))
+    return (sorted(set(sizes)), list(dict.fromkeys(dtypes)), list(dict.fromkeys(capture)), list(dict.fromkeys(modes)),
+            float(margin), float(look))
 
 
 def resolve_space_path(path: str) -> Path:

@@ -186,6 +186,43 @@ def test_a_space_declares_eager_and_captured_baselines():
         parse_space({"train": {"epochs": 2}, "params": lr, "baseline": {"capture": "yes"}}, source="s.yaml")
 
 
+def test_a_space_declares_compiled_baselines():
+    """baseline.compile adds the torch.compile'd forward to the static runs (on the H200 the strongest
+    static run was captured + compiled, bench/results/h200_compile.json): each combination is one
+    baseline, labelled; none is the eager forward; by default the baselines compile as the trials do."""
+    from triaccel.config import TrainConfig, from_dict
+    from triaccel.search.space import parse_space
+
+    lr = {"optim.lr": {"distribution": "uniform", "low": 0.1, "high": 0.2}}
+    s = parse_space({"train": {"epochs": 2}, "params": lr,
+                     "baseline": {"batch_sizes": [64], "capture": [False, True],
+                                  "compile": ["none", "default", "max-autotune-no-cudagraphs"]}}, source="s.yaml")
+    runs = dict(s.baseline_runs())
+    assert set(runs) == {"amp-bf16-B64", "amp-bf16-B64-captured", "amp-bf16-B64-compiled",
+                         "amp-bf16-B64-captured-compiled", "amp-bf16-B64-compiled-max-autotune-no-cudagraphs",
+                         "amp-bf16-B64-captured-compiled-max-autotune-no-cudagraphs"}
+    cfg = {k: from_dict(TrainConfig, d) for k, d in runs.items()}
+    assert (cfg["amp-bf16-B64-captured-compiled"].compile, cfg["amp-bf16-B64-captured-compiled"].capture) == \
+        ("default", True)
+    assert cfg["amp-bf16-B64"].compile is None and cfg["amp-bf16-B64-compiled"].capture is False
+    # the default follows the trials' train.compile, labelled so
+    same = parse_space({"train": {"epochs": 2, "compile": "default"}, "params": lr,
+                        "baseline": {"batch_sizes": [64]}}, source="s.yaml")
+    assert [k for k, _ in same.baseline_runs()] == ["amp-bf16-B64-compiled"]
+    plain = parse_space({"train": {"epochs": 2, "compile": "default"}, "params": lr,
+                         "baseline": {"batch_sizes": [64], "compile": [None]}}, source="s.yaml")
+    assert [(k, d["compile"]) for k, d in plain.baseline_runs()] == [("amp-bf16-B64", None)]
+    for bad, say in (("default", "must be a non-empty list"), ([], "must be a non-empty list"),
+                     (["fast"], "'fast' is not one of none, default")):
+        with pytest.raises(ConfigError, match=f"^s.yaml: baseline.compile: {say}"):
+            parse_space({"train": {"epochs": 2}, "params": lr, "baseline": {"compile": bad}}, source="s.yaml")
+    # reduce-overhead records its own graphs: with the captured step the baseline cannot be built, at load
+    with pytest.raises(ConfigError, match="amp-bf16-B64-captured-compiled-reduce-overhead .* is not a valid config"):
+        parse_space({"train": {"epochs": 2}, "params": lr, "baseline": {"batch_sizes": [64], "capture": [True],
+                                                                          "compile": ["reduce-overhead"]}},
+                    source="s.yaml")
+
+
 def test_checkpointed_blocks_save_rng_state_only_where_they_draw_random_numbers():
     """Blocks without dropout or stochastic depth skip the RNG-state copy (which a CUDA graph
     recording cannot make); EfficientNet-B0's blocks, which draw, keep it."""

@@ -181,7 +181,8 @@ _EVERY = "triaccel.control_every"
     # its captured baselines could not be built, and were only after the eager ones had trained
     ({"train": {"epochs": 2, "compile": "reduce-overhead"}, "baseline": {"batch_sizes": [64], "capture": [False, True]},
       "params": {"optim.lr": {"distribution": "uniform", "low": 0.1, "high": 0.2}}},
-     "baseline: the static baseline amp-bf16-B64-captured (train settings in amp mode) is not a valid config: "
+     "baseline: the static baseline amp-bf16-B64-captured-compiled-reduce-overhead (train settings in amp mode) is not "
+     "a valid config: "
      "compile: reduce-overhead records its own CUDA graphs"),
 ])
 def test_bad_bounds_steps_and_counts_are_one_line_naming_the_key(data, match):
