@@ -130,6 +130,7 @@ def test_a_fresh_graph_owns_the_gradients_and_a_new_one_replaces_every_graph():
         for _ in range(3):
             ts[0].train_step(idx)
         assert g.captures == 6 and g.owner is not None and len(g.graphs) == 2
+        assert g.stats()["graph_keys"] == 4  # the same two keys again: captures count them, graph_keys not
     finally:
         torch.backends.cudnn.deterministic = False
 

@@ -299,3 +299,50 @@ def test_relative_precision_thresholds_reach_all_16_bit_and_all_fp32():
 def test_overflow_promote_switch_is_read():
     c = PrecisionController(pc(hysteresis=0.0, min_dwell=100, overflow_promote=False), 2, initial="fp16")
     assert c.update([1e-9, 1e-9], 1, overflow=[True, False]).levels == ("fp16", "fp16")
+
+
+def test_bucket_ladder_and_snapping():
+    from triaccel.controllers.batch import Buckets, bucket_ladder, split_size
+
+    lad = bucket_ladder(1024)
+    assert lad == (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+    b = Buckets((*lad, 100))  # a run's own B0 joins the ladder
+    assert (b.down(100), b.down(99), b.down(97), b.up(97, 1024), b.up(101, 1024), b.up(101, 120)) == \
+        (100, 96, 96, 100, 128, 100)
+    assert split_size(96, b) == 48 and split_size(100, b) == 48 and split_size(160, b) == 64
+    assert split_size(160) == 80 and split_size(1) == 1  # without buckets: half
+    assert Buckets([16, 32]).down(5) == 5  # below the smallest bucket sizes are free: nothing is lost
+
+
+def test_paper_rule_moves_between_buckets():
+    """B + delta_up, the fit's largest fitting size and an OOM halving all land on buckets."""
+    from triaccel.controllers.batch import Buckets, bucket_ladder
+
+    buckets = Buckets(bucket_ladder(512))
+    c = BatchController(bc(delta_up=16), 96, 96, 1 * GiB, buckets=buckets)
+    assert c.update(0.3 * GiB).batch == 128  # 96 + 16 = 112 -> the next bucket up
+    d = c.update(0.9 * GiB)  # the fit puts 0.8 GiB near 119: the largest bucket at or below
+    assert d.action == "shrink" and d.batch == 96
+    sizes = {c.batch}
+    for peak in (0.1, 0.1, 0.2, 0.95, 0.3, 0.1):
+        sizes.add(c.update(peak * GiB).batch)
+    c.on_oom(c.micro)
+    sizes.add(c.micro)
+    for _ in range(6):
+        sizes.add(c.update(0.1 * GiB).micro_batch)
+    assert sizes <= set(buckets.sizes), sizes
+    assert c.micro < c.ceiling  # never regrown to the size that ran out of memory
+    # without buckets the same rules give sizes off the ladder (what the buckets are for)
+    free = BatchController(bc(delta_up=16), 96, 96, 1 * GiB)
+    assert free.update(0.3 * GiB).batch == 112
+
+
+def test_score_policy_explores_buckets_only():
+    from triaccel.controllers.batch import Buckets, bucket_ladder
+
+    buckets = Buckets(bucket_ladder(4096))
+    c = BatchController(bc(policy="score", max_batch=4096, cooldown=1, grow_factor=1.3), 96, 96, 100 * GiB,
+                        buckets=buckets)
+    sizes = drive(c, h200_like)
+    assert not c.exploring and set(sizes) <= set(buckets.sizes), sizes
+    assert len(set(sizes)) >= 3 and 256 <= c.batch <= 768  # it still finds the knee (400-800 unbucketed)

@@ -122,6 +122,54 @@ def test_oom_with_elastic_batch_trains_every_sample_once(mode):
         assert t.batch_size == 96  # only the micro-batch is elastic
 
 
+@pytest.mark.parametrize("mode", ["paper", "constant"])
+def test_bucket_moves_and_an_oom_split_train_every_sample_once(mode):
+    """With the step captured (eager on a CPU, the buckets are the same) the elastic batch and the
+    out-of-memory split move between buckets only; every example is trained exactly once an epoch."""
+    from triaccel.controllers.batch import bucket_ladder
+
+    budget = 40
+    micro_seen, batch_seen = set(), set()
+
+    def probe(micro):
+        micro_seen.add(t.micro_batch)
+        batch_seen.add(t.batch_size)
+        if micro > budget:
+            raise torch.OutOfMemoryError(f"fake {micro}")
+
+    t, loop = tri_trainer(oom_probe=probe, **{"epochs": 2, "batch_size": 96, "triaccel.batch.mode": mode,
+                                               "triaccel.batch.budget_gb": 1.0, "triaccel.batch.delta_up": 16,
+                                               "capture": "true"})
+    assert t.buckets is not None and loop.batch.buckets is t.buckets
+    seen = []
+    real = t.train_data.batch
+    t.train_data.batch = lambda idx, train: (train and seen.append(idx.clone()), real(idx, train))[1]
+    t.fit()
+    n = len(t.train_data)
+    assert sorted(torch.cat(seen).tolist()) == sorted(list(range(n)) * 2)  # each example once per epoch
+    assert t.oom_events >= 1 and loop.batch.ceiling is not None
+    ladder = set(bucket_ladder(4096)) | {96}
+    assert micro_seen <= ladder and batch_seen <= ladder, (micro_seen, batch_seen)
+    assert len(micro_seen) >= 2  # it moved (96 split to 48, then 32 or 24 under the 40-example budget)
+    if mode == "constant":
+        assert batch_seen == {96}
+
+
+def test_batch_buckets_are_checked_and_can_be_turned_off():
+    from triaccel.errors import ConfigError
+    from triaccel.trainer import resolve_buckets
+
+    assert resolve_buckets(small_cfg(**{"batch_size": 100})) is None  # eager: free sizes
+    assert resolve_buckets(small_cfg(**{"batch_size": 100, "compile": "default"})).sizes[:6] == (1, 2, 4, 8, 12, 16)
+    assert 100 in resolve_buckets(small_cfg(**{"batch_size": 100, "capture": "true"}))
+    own = resolve_buckets(small_cfg(**{"batch_size": 100, "accum_steps": 2, "batch_buckets": "[16, 32]"}))
+    assert own.sizes == (16, 32, 50, 100)  # the configured batch and micro-batch are buckets too
+    assert resolve_buckets(small_cfg(**{"capture": "true", "batch_buckets": "[]"})) is None
+    for bad in ("[0, 16]", "[16, 2.5]", "[true]"):
+        with pytest.raises(ConfigError, match=r"batch_buckets: must be null \(automatic\) or a list of batch sizes"):
+            small_cfg(**{"batch_buckets": bad})
+
+
 @pytest.mark.parametrize("off", ["precision", "curvature", "batch"])
 def test_each_controller_switches_off_alone(off):
     t, loop = tri_trainer(**{"epochs": 1, f"triaccel.{off}.enabled": False})

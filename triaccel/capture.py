@@ -86,6 +86,7 @@ class StepGraphs:
         self.shapes: set = set()  # micro-batch shapes recorded so far
         self.pool = torch.cuda.graph_pool_handle()
         self.captures = 0  # graphs recorded in this run (a dropped and re-recorded key counts twice)
+        self.keys: set = set()  # distinct keys recorded in this run: bounded by buckets x plans (batch_buckets)
         self.replays = 0
         self.evictions = 0  # graphs dropped past the cap (least recently used first)
         self.resets = 0  # times every graph was dropped and the pool released (batch or autotuning changed)
@@ -95,7 +96,8 @@ class StepGraphs:
         self.disabled: str | None = None
 
     def stats(self) -> dict:
-        return {"captures": self.captures, "graphs_live": len(self.graphs), "replays": self.replays,
+        return {"captures": self.captures, "graph_keys": len(self.keys), "graphs_live": len(self.graphs),
+                "replays": self.replays,
                 "graph_evictions": self.evictions, "graph_resets": self.resets,
                 "eager_micro_batches": self.eager, "capture_s": self.capture_s,
                 "graph_pool_gib": self.extra_bytes / 2**30}
@@ -233,6 +235,7 @@ class StepGraphs:
         if fresh:
             self.owner = g
         self.shapes.add(key[0])
+        self.keys.add(key)
         self.captures += 1
         if len(self.graphs) > self.cap:
             self.graphs.popitem(last=False)  # its pool blocks are reused by later recordings

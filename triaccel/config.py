@@ -387,6 +387,14 @@ class TrainConfig:
     # that it is eager); one graph per (micro-batch shape, precision plan), at most capture_cap live (the least recently used is dropped past it).
     capture: bool = False
     capture_cap: int = 8
+    # The sizes the memory-elastic batch moves between and an out-of-memory split falls to
+    # (triaccel.controllers.batch): null (default) is automatic: with capture or compile on, the ladder
+    # 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, ... (8 and 12 times powers of two), so a run records
+    # or compiles one graph per (bucket, plan) instead of one per size the rules produce; otherwise free
+    # sizes. A list: those sizes. []: free sizes. The run's own batch_size and first micro-batch are always
+    # buckets (the start stays as configured); a short last batch keeps its own size (padding it would
+    # change BatchNorm's batch statistics: not exact).
+    batch_buckets: Optional[tuple] = None
     # torch.compile the training forward (its backward follows): null (default) runs eager. default:
     # Inductor's fused kernels (BatchNorm+ReLU in one pass instead of three; its partitioner recomputes
     # cheap pointwise ops in backward instead of saving them), launched as usual, so `capture: true`
@@ -395,8 +403,9 @@ class TrainConfig:
     # One compile per micro-batch shape and precision plan (torch's recompile limit applies: past it
     # that shape runs eager); evaluation and the curvature probes stay eager. The compile's time is in
     # the first epochs (the score leaves the first out) and reported apart (compile_s); a compile that
-    # fails is one log line and the run goes on eager. Measure before choosing: whether it beats the
-    # captured eager step on a model is a GPU question (bench/search_vs_static.py --static fp16:96:compiled).
+    # fails is one log line and the run goes on eager. H200, ResNet-18 at B=96 (bench/results/h200_compile.json):
+    # with capture: true, 6 % faster and 5 % more memory than the captured eager forward; without
+    # capture, host-bound and slower than eager. Measure on your model (bench/search_vs_static.py --static).
     compile: Optional[Literal["default", "max-autotune-no-cudagraphs", "reduce-overhead"]] = None
     # fp16 (GradScaler): learn whether a step was skipped one step later, from a non-blocking copy of
     # the found-inf flag, instead of reading the scale back every step (a host sync the captured step
@@ -430,6 +439,10 @@ class TrainConfig:
         _check(self.accum_steps <= self.batch_size, "accum_steps", "must be <= batch_size")
         _check(1 <= self.eval_batch_size <= MAX_BATCH, "eval_batch_size", f"must be in [1, {MAX_BATCH}]")
         _check(self.capture_cap >= 1, "capture_cap", f"must be >= 1, got {self.capture_cap}")
+        _check(self.batch_buckets is None or all(isinstance(b, int) and not isinstance(b, bool)
+                                                 and 1 <= b <= MAX_BATCH for b in self.batch_buckets),
+               "batch_buckets", f"must be null (automatic) or a list of batch sizes in [1, {MAX_BATCH}], "
+                                f"got {list(self.batch_buckets) if self.batch_buckets is not None else None!r}")
         _check(self.checkpoint_blocks is None or self.checkpoint_blocks >= 1, "checkpoint_blocks",
                f"must be null (every block) or >= 1, got {self.checkpoint_blocks}")
         _check(not (self.compile == "reduce-overhead" and self.capture), "compile",

@@ -106,9 +106,13 @@ class TriAccelLoop(Callback):
                 self.log("[batch] no memory budget on this device (set triaccel.batch.budget_gb): "
                          "memory-elastic batch is off")
             else:
-                self.batch = BatchController(c.batch, tr.batch_size, tr.micro_batch, self.budget_bytes)
+                self.batch = BatchController(c.batch, tr.batch_size, tr.micro_batch, self.budget_bytes,
+                                             buckets=tr.buckets)
+                inside = [b for b in tr.buckets.sizes if c.batch.min_batch <= b <= c.batch.max_batch] \
+                    if tr.buckets is not None else []
                 self.log(f"[batch] budget {self.budget_bytes / GiB:.3f} GiB ({tr.meter.source}), "
-                         f"policy {c.batch.policy}, mode {c.batch.mode}, B0 {tr.batch_size}")
+                         f"policy {c.batch.policy}, mode {c.batch.mode}, B0 {tr.batch_size}"
+                         + (f", buckets {', '.join(map(str, inside))}" if inside else ""))
         self.initial_batch = tr.batch_size
         # the batch controller's own window (time and examples since its last decision)
         self.win_t: float | None = None

@@ -41,7 +41,8 @@ import torch.nn.functional as F
 
 from triaccel.capture import StepGraphs
 from triaccel.compiled import CompileError, CompiledForward
-from triaccel.config import TrainConfig, TriAccelConfig, from_dict
+from triaccel.config import MAX_BATCH, TrainConfig, TriAccelConfig, from_dict
+from triaccel.controllers.batch import Buckets, bucket_ladder, split_size
 from triaccel.data import ElasticSampler, ResidentData, load_splits
 from triaccel.errors import TriAccelError
 from triaccel.measure import GiB, MemoryMeter, free_device, sync
@@ -186,6 +187,21 @@ def cudnn_benchmark_for(cfg: TrainConfig) -> bool:
     return not (cfg.mode == "triaccel" and cfg.triaccel.batch.enabled)
 
 
+def resolve_buckets(cfg: TrainConfig) -> Buckets | None:
+    """The run's batch buckets (``batch_buckets``): null is the ladder when the step is captured or
+    compiled, free sizes otherwise; [] is free sizes. The configured batch and first micro-batch are
+    always among them."""
+    if cfg.batch_buckets is None:
+        if not (cfg.capture or cfg.compile):
+            return None
+        sizes = bucket_ladder(MAX_BATCH)
+    elif not cfg.batch_buckets:
+        return None
+    else:
+        sizes = cfg.batch_buckets
+    return Buckets((*sizes, cfg.batch_size, math.ceil(cfg.batch_size / cfg.accum_steps)))
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -319,6 +335,7 @@ class Trainer:
         # ---- knobs the control loop turns
         self.batch_size = cfg.batch_size
         self.micro_batch = math.ceil(cfg.batch_size / cfg.accum_steps)
+        self.buckets = resolve_buckets(cfg)  # what the elastic batch and OOM splits move between
         self.meter = MemoryMeter(self.device, baseline_bytes=held_before + data_bytes)
         self.graphs: StepGraphs | None = None  # captured micro-batches (triaccel.capture)
         if cfg.capture:
@@ -642,7 +659,7 @@ class Trainer:
         failed = self.micro_batch
         if failed <= 1:
             raise OutOfMemoryBeyondRecovery(f"out of memory with a micro-batch of 1 at step {self.step_count}")
-        self.apply(Decisions(micro_batch=max(1, failed // 2)))
+        self.apply(Decisions(micro_batch=split_size(failed, self.buckets)))
         self.oom_events += 1
         self.log(f"[memory] out of memory at micro-batch {failed}: retrying the same examples in "
                  f"micro-batches of {self.micro_batch}")

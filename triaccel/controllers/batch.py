@@ -29,6 +29,14 @@ stays a cap (rho_high of it, with the same fit and OOM ceiling); delta_down is t
 under it. On the H200, ResNet-18's step time is flat up to B~512 (the host issues the work)
 and then grows with B, so c(B) falls until about there and rises after it.
 
+Buckets (``batch_buckets``; by default whenever the step is captured or compiled): every size
+the controller moves to, and every out-of-memory split, is one of a small set, so a captured or
+compiled run records one graph per (bucket, precision plan) instead of one per size the rules
+happen to produce (the paper rule's B + delta_up, a shrink to the fit's largest fitting size, a
+halving). A move snaps toward its direction: growth to the smallest bucket above the current
+size (within max_batch, the OOM ceiling and the predicted peak), a shrink or a split to the
+largest bucket at or below its target. Below the smallest bucket sizes are free (exactness first).
+
 Modes: ``paper``: the batch per update B changes (the trainer rescales the lr by ``lr_rule``);
 ``constant``: B stays, only the micro-batch (the memory-relevant size) is elastic, and exact
 accumulation keeps the optimisation unchanged.
@@ -41,6 +49,45 @@ from dataclasses import dataclass
 from triaccel.config import BatchConfig
 
 
+def bucket_ladder(limit: int) -> tuple[int, ...]:
+    """The default buckets: 1, 2, 4, then 8 * 2^k and 12 * 2^k (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, ...)
+    up to ``limit``: steps of 1.33x and 1.5x, 2 * log2(limit / 8) + 3 sizes (23 up to 16,384)."""
+    out = {1, 2, 4}
+    b = 8
+    while b <= limit:
+        out.add(b)
+        if b * 3 // 2 <= limit:
+            out.add(b * 3 // 2)
+        b *= 2
+    return tuple(sorted(x for x in out if x <= limit))
+
+
+class Buckets:
+    """A sorted set of batch sizes; moves snap to it (pure)."""
+
+    def __init__(self, sizes):
+        self.sizes = tuple(sorted({int(x) for x in sizes}))
+        if not self.sizes or self.sizes[0] < 1:
+            raise ValueError("buckets must be sizes >= 1")
+
+    def __contains__(self, size: int) -> bool:
+        return size in self.sizes
+
+    def down(self, size: int) -> int:
+        """The largest bucket at or below ``size`` (``size`` itself below the smallest bucket)."""
+        below = [b for b in self.sizes if b <= size]
+        return below[-1] if below else size
+
+    def up(self, size: int, limit: int) -> int:
+        """The smallest bucket at or above ``size`` and at or below ``limit``, else the largest at or
+        below ``limit``."""
+        above = [b for b in self.sizes if size <= b <= limit]
+        return above[0] if above else self.down(limit)
+
+    def __repr__(self) -> str:
+        return f"Buckets({list(self.sizes)})"
+
+
 @dataclass(frozen=True)
 class BatchDecision:
     batch: int  # examples per optimizer update
@@ -49,11 +96,20 @@ class BatchDecision:
     usage_frac: float  # window peak / budget
 
 
+def split_size(failed: int, buckets: Buckets | None = None) -> int:
+    """The micro-batch after one of ``failed`` examples ran out of memory: half of it, or with buckets
+    the largest bucket at or below half (the trainer and the controller both use this)."""
+    half = max(1, failed // 2)
+    return half if buckets is None else buckets.down(half)
+
+
 class BatchController:
-    def __init__(self, cfg: BatchConfig, batch: int, micro_batch: int, budget_bytes: float):
+    def __init__(self, cfg: BatchConfig, batch: int, micro_batch: int, budget_bytes: float,
+                 buckets: Buckets | None = None):
         if budget_bytes <= 0:
             raise ValueError("budget_bytes must be > 0")
         self.cfg = cfg
+        self.buckets = buckets
         self.batch, self.micro = batch, micro_batch
         self.budget = float(budget_bytes)
         self.ceiling: int | None = None  # smallest micro-batch that ran out of memory
@@ -114,13 +170,12 @@ class BatchController:
         if frac > c.rho_high:
             return self._shrink(size, frac)
         if frac < c.rho_low:
-            grown = min(c.max_batch, size + c.delta_up)
-            if self.cfg.mode == "constant":
-                grown = min(grown, self.batch)
+            top = min(c.max_batch, self.batch) if self.cfg.mode == "constant" else c.max_batch
+            grown = self._up(size + c.delta_up, top)
             if device_pressure:
                 return self._decide(size, "pressure", frac)
             if self.ceiling is not None and grown >= self.ceiling:
-                grown = self.ceiling - 1
+                grown = self._down(self.ceiling - 1)
                 if grown <= size:
                     return self._decide(size, "ceiling", frac)
             pred = self._predict(grown if c.mode == "constant" else min(grown, self.micro_cap(grown)))
@@ -138,13 +193,27 @@ class BatchController:
         fits = self._largest_fitting(c.rho_high * self.budget)
         if fits is not None:
             target = max(target, min(size - 1, fits))
-        return self._decide(max(c.min_batch, target), "shrink", frac)
+        return self._decide(max(c.min_batch, self._down(target)), "shrink", frac)
+
+    def _down(self, size: int) -> int:
+        return size if self.buckets is None else self.buckets.down(size)
+
+    def _up(self, size: int, limit: int) -> int:
+        """``size`` (at most ``limit``) or, with buckets, the bucket it grows to."""
+        if self.buckets is None:
+            return min(size, limit)
+        return self.buckets.up(size, limit)
 
     # ------------------------------------------------------------------ score policy
     def _ladder(self, size: int, direction: int) -> int:
         g = self.cfg.grow_factor if direction > 0 else 1.0 / self.cfg.grow_factor
         nxt = max(8, int(round(size * g / 8.0)) * 8) if size * g >= 8 else max(1, int(size * g))
-        return nxt if nxt != size else size + direction
+        nxt = nxt if nxt != size else size + direction
+        if self.buckets is not None:  # the nearest bucket in the direction of the move
+            nxt = self.buckets.up(nxt, 1 << 62) if direction > 0 else self.buckets.down(nxt)
+            if nxt == size:  # the ladder's step fell inside one bucket: the next one out
+                nxt = self.buckets.up(size + 1, 1 << 62) if direction > 0 else self.buckets.down(size - 1)
+        return nxt
 
     def _update_score(self, peak_bytes: float, seconds: float | None, examples: int | None) -> BatchDecision:
         c = self.cfg
@@ -218,7 +287,7 @@ class BatchController:
         return self._decide(size, "settle", frac)
 
     def micro_cap(self, batch: int) -> int:
-        return batch if self.ceiling is None else min(batch, self.ceiling - 1)
+        return batch if self.ceiling is None or batch < self.ceiling else self._down(self.ceiling - 1)
 
     def _decide(self, size: int, action: str, frac: float) -> BatchDecision:
         if self.cfg.mode == "paper":
@@ -235,11 +304,11 @@ class BatchController:
     def on_oom(self, micro_batch: int) -> None:
         """A micro-batch of this size ran out of memory: never grow back to it."""
         self.ceiling = micro_batch if self.ceiling is None else min(self.ceiling, micro_batch)
-        self.micro = max(1, micro_batch // 2)
+        self.micro = split_size(micro_batch, self.buckets)
         # sizes from the ceiling up are out: neither a recheck nor the settled size may go back there
         self.costs = {k: v for k, v in self.costs.items() if k < self.ceiling}
         if self.cfg.mode == "paper":
-            self.batch = max(self.cfg.min_batch, min(self.batch, self.ceiling - 1))
+            self.batch = max(self.cfg.min_batch, self.batch if self.batch < self.ceiling else self._down(self.ceiling - 1))
         self.cool = self.cfg.cooldown
 
     def lr_factor(self, initial_batch: int) -> float:
