@@ -2,7 +2,7 @@
 # The H200 benchmark runs, in one place. Usage (on the GPU machine, repo root):
 #   bash bench/run_h200.sh OUTDIR SECTION...
 #   sections: kernels breakdown overhead probe paper hostprofile profile baselines elastic ablation search searchcapture
-#             space10 space10finals effnet224 effnet224diag compile ckptblocks (search, searchcapture, space10: need Ray etc., PYTHONPATH=/tmp/site)
+#             space10 space10finals effnet224 effnet224diag compile ckptblocks lean (search, searchcapture, space10: need Ray etc., PYTHONPATH=/tmp/site)
 # Expects the CIFAR-10 JPEG tree in /tmp/cifar (tar xzf cifar10-jpeg.tar.gz -C /tmp/cifar).
 # Each section writes OUTDIR/<name>.json (profile: OUTDIR/profile/) and a log; a failing section
 # does not stop the others. SECTION_TIMEOUT=S (seconds) stops any one section after S seconds.
@@ -61,6 +61,17 @@ for s in "$@"; do
                  --variant compiled:compile=default \
                  --variant ckpt2c:checkpointing=true,checkpoint_blocks=2,compile=default \
                  --variant ckpt2:checkpointing=true,checkpoint_blocks=2 --out "$out/h200_ckptblocks.json" ;;
+    lean)      # what the export's controllers buy: its precision thresholds keep every layer 16-bit, curvature
+               # (alpha 0.001) damps the sharpest layers' lr by a few per cent, the batch settles at B0; the loop's
+               # epochs run ~3.5 % longer than static's (h200_compile.json). The export with curvature off, with
+               # precision off, with both (batch controller and bf16 state only), compiled, against the strongest
+               # static run; 3 seeds interleaved
+               python3 bench/search_vs_static.py --data-dir $data --tuned bench/configs/h200_exported_bf16.yaml \
+                 --epochs 8 --seeds 0,1,2 --static fp16:96:captured:compiled --static-once '' --warm-epochs 1 \
+                 --variant compiled:compile=default \
+                 --variant nocurv:compile=default,triaccel.curvature.enabled=false \
+                 --variant lean:compile=default,triaccel.curvature.enabled=false,triaccel.precision.enabled=false \
+                 --out "$out/h200_lean.json" ;;
     effnet224diag) python3 bench/effnet224_diag.py --data-dir $data --subset 10 --epochs 2 --timeout 240 \
                  --variants amp,score,score-nobatch,score-nocurv,score-noprec,triaccel-off \
                  --out "$out/h200_effnet224_diag_score.json" ;;  # issue 14 case 15: the new defaults at 224 px
