@@ -986,7 +986,7 @@ def second_look(name: str, space: SearchSpace, uri: str, k: int) -> None:
     c, exp = _client(uri)
     parent = parent_run(name, space, uri)
     label = o.reference["tags"]["triaccel.baseline"]
-    cfg = from_dict(TrainConfig, copy.deepcopy(dict(space.baseline_runs())[label]))
+    cfg = from_dict(TrainConfig, space.baseline_train(label))
     # both second runs at one seed, the reference's next (wrapping: seed 2**32-1 is valid), so they pair
     # even where a space searches the seed itself
     seed = (cfg.seed + 1) % 2**32
@@ -1060,7 +1060,7 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
         print(f"triaccel: note: search '{name}' has no parent run in the store (deleted in the UI?): whether it "
               f"finished is unknown (provenance: search_finished: null)", file=sys.stderr)
     if chosen.kind == "baseline":
-        train = copy.deepcopy(dict(space.baseline_runs())[row["tags"]["triaccel.baseline"]])
+        train = space.baseline_train(row["tags"]["triaccel.baseline"])
     else:
         train = space.train_dict(row["values"])
     train.setdefault("tracking", {})

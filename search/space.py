@@ -211,6 +211,20 @@ class SearchSpace:
                         out.append((label, d))
         return out
 
+    def baseline_train(self, label: str) -> dict:
+        """The train dict of the baseline run ``label`` (an MLflow tag of a search's run). A search started
+        before baseline.compile existed labelled a compiled baseline without its -compiled suffix."""
+        runs = dict(self.baseline_runs())
+        if label in runs:
+            return copy.deepcopy(runs[label])
+        comp = self.train.get("compile")
+        if comp:
+            old = f"{label}-compiled" + ("" if comp == "default" else f"-{comp}")
+            if old in runs:
+                return copy.deepcopy(runs[old])
+        raise ConfigError(f"{self.source}: baseline: the search's baseline {label} is not among this space's "
+                          f"({', '.join(runs) or 'none'}): its baseline section changed since the search ran")
+
     @property
     def metric(self):
         return "efficiency" if self.objective == "efficiency" else ["val_acc", "epoch_time_last5_s", "peak_mem_gib"]
@@ -531,7 +545,7 @@ def _baseline(src: str, spec, base: TrainConfig) -> tuple[list, list, list, list
                                             f"got {compile_!r}")
     modes = []
     for c in compile_:
-        if c in (None, False, "none"):
+        if c is None or c is False or c == "none":  # (not 0: 0 == False)
             modes.append(None)
         elif isinstance(c, str) and c in COMPILE_MODES:
             modes.append(c)

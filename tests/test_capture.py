@@ -224,6 +224,23 @@ def test_a_space_declares_compiled_baselines():
                     source="s.yaml")
 
 
+def test_a_baseline_is_found_by_its_label_from_before_baseline_compile():
+    """A search started before baseline.compile labelled its compiled baselines without the suffix;
+    export and the second look look baselines up by that label (a KeyError traceback, found in review)."""
+    from triaccel.search.space import parse_space
+
+    lr = {"optim.lr": {"distribution": "uniform", "low": 0.1, "high": 0.2}}
+    s = parse_space({"train": {"epochs": 2, "compile": "default"}, "params": lr,
+                     "baseline": {"batch_sizes": [64]}}, source="s.yaml")
+    assert s.baseline_train("amp-bf16-B64-compiled")["compile"] == "default"
+    assert s.baseline_train("amp-bf16-B64") == s.baseline_train("amp-bf16-B64-compiled")
+    with pytest.raises(ConfigError, match=r"^s.yaml: baseline: the search's baseline amp-fp16-B96 is not among "
+                                          r"this space's \(amp-bf16-B64-compiled\)"):
+        s.baseline_train("amp-fp16-B96")
+    with pytest.raises(ConfigError, match=r"baseline.compile: 0 is not one of none"):
+        parse_space({"train": {"epochs": 2}, "params": lr, "baseline": {"compile": [0]}}, source="s.yaml")
+
+
 def test_checkpointed_blocks_save_rng_state_only_where_they_draw_random_numbers():
     """Blocks without dropout or stochastic depth skip the RNG-state copy (which a CUDA graph
     recording cannot make); EfficientNet-B0's blocks, which draw, keep it."""

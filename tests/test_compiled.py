@@ -24,8 +24,11 @@ def _own_inductor_cache(tmp_path_factory):
     """This module's compiles use a cache of their own, shared by its tests: the user's default cache
     may hold a file a killed compile left half-written (on the H200 a suite cut by `timeout` left a
     truncated .so, and the next run's compile failed loading it: 'file too short')."""
+    # Triton's cache too: Inductor sets TRITON_CACHE_DIR (under its own cache) once per process, for good
+    folder = tmp_path_factory.mktemp("inductor")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor")))
+        mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(folder))
+        mp.setenv("TRITON_CACHE_DIR", str(folder / "triton"))
         yield
 
 
@@ -194,6 +197,9 @@ def test_a_compile_failure_naming_inductors_cache_says_which_folder_to_remove():
     cf.fail(CompileError(f"ImportError: {cache_dir()}/2u/c2uw.main.so: file too short"))
     other = CompiledForward(nn.Linear(2, 2), "default", log=logs.append)
     other.fail(CompileError("Unsupported: an operator Inductor cannot lower"))
-    assert len(logs) == 2 and cf.disabled and other.disabled
+    # a compiler error names the cache too (its command line), but removing the cache would not help
+    cxx = CompiledForward(nn.Linear(2, 2), "default", log=logs.append)
+    cxx.fail(CompileError(f"CppCompileError: g++ {cache_dir()}/ab/cabcd.main.cpp: error: 'vec' was not declared"))
+    assert len(logs) == 3 and cf.disabled and other.disabled and cxx.disabled
     assert cache_dir() in logs[0] and "remove that folder" in logs[0] and "goes on eager" in logs[0]
-    assert "remove" not in logs[1]
+    assert "remove" not in logs[1] and "remove" not in logs[2]

@@ -346,3 +346,45 @@ def test_score_policy_explores_buckets_only():
     sizes = drive(c, h200_like)
     assert not c.exploring and set(sizes) <= set(buckets.sizes), sizes
     assert len(set(sizes)) >= 3 and 256 <= c.batch <= 768  # it still finds the knee (400-800 unbucketed)
+
+
+def test_paper_rule_with_buckets_does_not_grow_back_into_a_size_over_rho_high():
+    """No bucket's usage inside [rho_low, rho_high]: the rule held below rho_low, forgot the larger size
+    once it left the fit's 20 windows, and grew into it again every ~20 windows (a review's repro)."""
+    from triaccel.controllers.batch import Buckets, bucket_ladder
+
+    c = BatchController(BatchConfig(policy="paper"), 128, 128, 1 * GiB, buckets=Buckets(bucket_ladder(2048)))
+    sizes = []
+    for _ in range(120):
+        sizes.append(c.batch)
+        c.update((0.05 + 0.0042 * c.batch) * GiB)
+    over = [b for b in sizes if (0.05 + 0.0042 * b) > c.cfg.rho_high]
+    assert len(over) <= 2, sizes  # the first excursion, at most a cooldown window
+    assert c.over is not None and c.batch < c.over and sizes[-30:] == [sizes[-1]] * 30
+    s = c.state_dict()
+    d = BatchController(BatchConfig(policy="paper"), 128, 128, 1 * GiB)
+    d.load_state_dict(s)
+    assert d.over == c.over
+
+
+def test_score_policy_with_buckets_explores_the_largest_bucket_within_max_batch():
+    """The next bucket up past max_batch ended exploring at B0; the largest bucket within it is tried."""
+    from triaccel.controllers.batch import Buckets, bucket_ladder
+
+    c = BatchController(bc(policy="score", max_batch=180, cooldown=0, grow_factor=1.66), 96, 96, 100 * GiB,
+                        buckets=Buckets(bucket_ladder(4096)))
+    drive(c, h200_like, windows=12)
+    assert 128 in c.costs and not c.exploring
+
+
+def test_constant_mode_buckets_split_the_fixed_batch_into_buckets():
+    """B fixed at 200: a micro-batch of 128 would leave 72 (no bucket) in every window."""
+    from triaccel.controllers.batch import Buckets, bucket_ladder, split_size
+
+    lad = Buckets((*bucket_ladder(4096), 200))
+    c = BatchController(bc(mode="constant", max_batch=4096, delta_up=16), 200, 96, 1 * GiB, buckets=lad)
+    assert 128 not in c.buckets and all(200 % m == 0 or 200 % m in lad for m in c.buckets.sizes)
+    for peak in (0.1, 0.1, 0.1, 0.1):
+        m = c.update(peak * GiB).micro_batch
+        assert 200 % m == 0 or 200 % m in lad, m
+    assert split_size(200, lad, 200) == 96 and split_size(160, lad, 200) == 64

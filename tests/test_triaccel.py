@@ -140,7 +140,7 @@ def test_bucket_moves_and_an_oom_split_train_every_sample_once(mode):
     t, loop = tri_trainer(oom_probe=probe, **{"epochs": 2, "batch_size": 96, "triaccel.batch.mode": mode,
                                                "triaccel.batch.budget_gb": 1.0, "triaccel.batch.delta_up": 16,
                                                "capture": "true"})
-    assert t.buckets is not None and loop.batch.buckets is t.buckets
+    assert t.buckets is not None and set(loop.batch.buckets.sizes) <= set(t.buckets.sizes)
     seen = []
     real = t.train_data.batch
     t.train_data.batch = lambda idx, train: (train and seen.append(idx.clone()), real(idx, train))[1]
@@ -155,6 +155,31 @@ def test_bucket_moves_and_an_oom_split_train_every_sample_once(mode):
         assert batch_seen == {96}
 
 
+def test_constant_mode_buckets_leave_no_off_bucket_micro_batch_inside_a_window():
+    """B=200 fixed, the micro-batch elastic under an injected memory limit: every full window's
+    micro-batches are buckets (a micro-batch of 128 would leave 72 in each window)."""
+    from triaccel.controllers.batch import bucket_ladder
+
+    windows = []
+
+    def probe(micro):
+        windows[-1].append(micro)
+        if micro > 150:
+            raise torch.OutOfMemoryError(f"fake {micro}")
+
+    t, loop = tri_trainer(oom_probe=probe, **{"epochs": 1, "batch_size": 200, "triaccel.batch.mode": "constant",
+                                               "triaccel.batch.budget_gb": 1.0, "triaccel.batch.delta_up": 32,
+                                               "triaccel.batch.max_batch": 4096, "capture": "true"})
+    real = t.train_step
+    t.train_step = lambda idx: (windows.append([]), real(idx))[1]
+    t.fit()
+    ladder = set(bucket_ladder(4096)) | {200, 16}
+    full = [w for w in windows if sum(x for x in w if x <= 150) >= 200 or len(w) > 1]
+    assert t.oom_events >= 1 and full
+    for w in windows[:-1]:  # the epoch's last window is short: its remainder keeps its own size
+        assert set(w) <= ladder, (w, t.micro_batch)
+
+
 def test_batch_buckets_are_checked_and_can_be_turned_off():
     from triaccel.errors import ConfigError
     from triaccel.trainer import resolve_buckets
@@ -164,6 +189,8 @@ def test_batch_buckets_are_checked_and_can_be_turned_off():
     assert 100 in resolve_buckets(small_cfg(**{"batch_size": 100, "capture": "true"}))
     own = resolve_buckets(small_cfg(**{"batch_size": 100, "accum_steps": 2, "batch_buckets": "[16, 32]"}))
     assert own.sizes == (16, 32, 50, 100)  # the configured batch and micro-batch are buckets too
+    tri = resolve_buckets(small_cfg(**{"mode": "triaccel", "capture": "true", "triaccel.batch.min_batch": 10}))
+    assert 10 in tri  # a shrink stops at min_batch: a bucket
     assert resolve_buckets(small_cfg(**{"capture": "true", "batch_buckets": "[]"})) is None
     for bad in ("[0, 16]", "[16, 2.5]", "[true]"):
         with pytest.raises(ConfigError, match=r"batch_buckets: must be null \(automatic\) or a list of batch sizes"):

@@ -75,7 +75,10 @@ def _cache_hint(message: str) -> str:
         folder = cache_dir()
     except Exception:  # noqa: BLE001 -- a hint only
         return ""
-    if folder and folder in message:
+    # a file that is there but cannot be loaded: not a compiler error (whose command line names the cache too)
+    broken = ("file too short", "invalid ELF header", "cannot open shared object", "EOFError", "Ran out of input",
+              "unpickling", "truncated")
+    if folder and folder in message and any(b in message for b in broken):
         return f"; the error names Inductor's cache {folder}: a compile killed mid-write can leave a broken " \
                f"file there, remove that folder (or set TORCHINDUCTOR_CACHE_DIR) and run again"
     return ""

@@ -204,6 +204,7 @@ class TriAccelLoop(Callback):
             self.batch.on_oom(micro_batch)
             if self.cfg.batch.mode == "paper":
                 return Decisions(batch_size=self.batch.batch, batch_lr_factor=self.batch.lr_factor(self.initial_batch))
+            return Decisions(micro_batch=self.batch.micro)  # constant mode: the controller's split (its buckets)
         return None
 
     # ------------------------------------------------------------------ curvature

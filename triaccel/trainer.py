@@ -189,8 +189,8 @@ def cudnn_benchmark_for(cfg: TrainConfig) -> bool:
 
 def resolve_buckets(cfg: TrainConfig) -> Buckets | None:
     """The run's batch buckets (``batch_buckets``): null is the ladder when the step is captured or
-    compiled, free sizes otherwise; [] is free sizes. The configured batch and first micro-batch are
-    always among them."""
+    compiled, free sizes otherwise; [] is free sizes. The configured batch, first micro-batch and the
+    elastic batch's min_batch are always among them."""
     if cfg.batch_buckets is None:
         if not (cfg.capture or cfg.compile):
             return None
@@ -199,7 +199,10 @@ def resolve_buckets(cfg: TrainConfig) -> Buckets | None:
         return None
     else:
         sizes = cfg.batch_buckets
-    return Buckets((*sizes, cfg.batch_size, math.ceil(cfg.batch_size / cfg.accum_steps)))
+    own = [cfg.batch_size, math.ceil(cfg.batch_size / cfg.accum_steps)]
+    if cfg.mode == "triaccel" and cfg.triaccel.batch.enabled:  # a shrink stops at min_batch: one more bucket
+        own.append(cfg.triaccel.batch.min_batch)
+    return Buckets((*sizes, *own))
 
 
 def seed_everything(seed: int) -> None:
@@ -659,7 +662,7 @@ class Trainer:
         failed = self.micro_batch
         if failed <= 1:
             raise OutOfMemoryBeyondRecovery(f"out of memory with a micro-batch of 1 at step {self.step_count}")
-        self.apply(Decisions(micro_batch=split_size(failed, self.buckets)))
+        self.apply(Decisions(micro_batch=split_size(failed, self.buckets, self.batch_size)))
         self.oom_events += 1
         self.log(f"[memory] out of memory at micro-batch {failed}: retrying the same examples in "
                  f"micro-batches of {self.micro_batch}")

@@ -84,6 +84,18 @@ class Buckets:
         above = [b for b in self.sizes if size <= b <= limit]
         return above[0] if above else self.down(limit)
 
+    def micro_for(self, batch: int, limit: int) -> int:
+        """The largest bucket m <= ``limit`` that splits ``batch`` into buckets (its remainder batch % m is
+        0 or a bucket), so every micro-batch of a window is a bucket; ``limit`` below every such bucket:
+        ``limit`` itself (sizes are free there)."""
+        ok = [m for m in self.sizes if m <= limit and (batch % m == 0 or batch % m in self.sizes)]
+        return ok[-1] if ok else limit
+
+    def splitting(self, batch: int) -> "Buckets":
+        """The buckets that split ``batch`` into buckets (constant mode: the batch is fixed, the micro-batch
+        moves): a micro-batch of 128 in a batch of 200 would leave a window's last micro-batch at 72."""
+        return Buckets([m for m in self.sizes if m <= batch and (batch % m == 0 or batch % m in self.sizes)])
+
     def __repr__(self) -> str:
         return f"Buckets({list(self.sizes)})"
 
@@ -96,11 +108,14 @@ class BatchDecision:
     usage_frac: float  # window peak / budget
 
 
-def split_size(failed: int, buckets: Buckets | None = None) -> int:
+def split_size(failed: int, buckets: Buckets | None = None, batch: int | None = None) -> int:
     """The micro-batch after one of ``failed`` examples ran out of memory: half of it, or with buckets
-    the largest bucket at or below half (the trainer and the controller both use this)."""
+    the largest bucket at or below half (that splits ``batch`` into buckets, when given). The trainer
+    and the controller both use this."""
     half = max(1, failed // 2)
-    return half if buckets is None else buckets.down(half)
+    if buckets is None:
+        return half
+    return buckets.down(half) if batch is None else buckets.micro_for(batch, half)
 
 
 class BatchController:
@@ -109,10 +124,16 @@ class BatchController:
         if budget_bytes <= 0:
             raise ValueError("budget_bytes must be > 0")
         self.cfg = cfg
+        if buckets is not None and cfg.mode == "constant":
+            buckets = buckets.splitting(batch)  # B is fixed: micro-batches that split it into buckets
         self.buckets = buckets
         self.batch, self.micro = batch, micro_batch
         self.budget = float(budget_bytes)
         self.ceiling: int | None = None  # smallest micro-batch that ran out of memory
+        # smallest size whose window peaked over rho_high of the budget: never grown back to. The fit
+        # sees only the last 20 windows; with buckets (steps of 1.33-1.5x) no size may land inside
+        # [rho_low, rho_high], and the rule grew into the forgotten size again every ~20 windows
+        self.over: int | None = None
         self.cool = 0
         self.obs: list[tuple[int, float]] = []  # (micro_batch, peak bytes)
         # score policy: exploring until it settles; the cost measured at each size
@@ -168,6 +189,7 @@ class BatchController:
             self.cool -= 1
             return self._decide(size, "cooldown", frac)
         if frac > c.rho_high:
+            self._note_over(size)
             return self._shrink(size, frac)
         if frac < c.rho_low:
             top = min(c.max_batch, self.batch) if self.cfg.mode == "constant" else c.max_batch
@@ -178,6 +200,10 @@ class BatchController:
                 grown = self._down(self.ceiling - 1)
                 if grown <= size:
                     return self._decide(size, "ceiling", frac)
+            if self.over is not None and grown >= self.over:
+                grown = self._down(self.over - 1)
+                if grown <= size:
+                    return self._decide(size, "predicted", frac)
             pred = self._predict(grown if c.mode == "constant" else min(grown, self.micro_cap(grown)))
             if pred is not None and pred > c.rho_high * self.budget:
                 return self._decide(size, "predicted", frac)
@@ -193,7 +219,10 @@ class BatchController:
         fits = self._largest_fitting(c.rho_high * self.budget)
         if fits is not None:
             target = max(target, min(size - 1, fits))
-        return self._decide(max(c.min_batch, self._down(target)), "shrink", frac)
+        return self._decide(max(c.min_batch, self._down(target)), "shrink", frac)  # min_batch is a bucket
+
+    def _note_over(self, size: int) -> None:
+        self.over = size if self.over is None else min(self.over, size)
 
     def _down(self, size: int) -> int:
         return size if self.buckets is None else self.buckets.down(size)
@@ -221,6 +250,7 @@ class BatchController:
         self.obs.append((self.micro, float(peak_bytes)))
         size = self.elastic
         if frac > c.rho_high:  # the budget is a cap in every phase: sizes from here up are out
+            self._note_over(size)
             self.costs = {k: v for k, v in self.costs.items() if k < size}
             return self._shrink(size, frac)
         if not self.exploring:
@@ -250,8 +280,14 @@ class BatchController:
         c = self.cfg
         nxt = self._ladder(size, self.direction)
         lo, hi = c.min_batch, c.max_batch if self.ceiling is None else min(c.max_batch, self.ceiling - 1)
+        if self.over is not None:
+            hi = min(hi, self.over - 1)
         if c.mode == "constant":
             hi = min(hi, self.batch)
+        if self.buckets is not None and self.direction > 0 and nxt > hi:
+            nxt = self.buckets.down(hi)  # the next bucket up is past a bound: the largest one within it
+            if nxt <= size:
+                return self._finish(frac)
         pred = self._predict(nxt)
         if nxt > hi or nxt < lo or nxt in self.costs or (pred is not None and pred > c.rho_high * self.budget):
             return self._finish(frac)
@@ -287,7 +323,9 @@ class BatchController:
         return self._decide(size, "settle", frac)
 
     def micro_cap(self, batch: int) -> int:
-        return batch if self.ceiling is None or batch < self.ceiling else self._down(self.ceiling - 1)
+        if self.ceiling is None or batch < self.ceiling:
+            return batch
+        return self.ceiling - 1 if self.buckets is None else self.buckets.micro_for(batch, self.ceiling - 1)
 
     def _decide(self, size: int, action: str, frac: float) -> BatchDecision:
         if self.cfg.mode == "paper":
@@ -304,7 +342,7 @@ class BatchController:
     def on_oom(self, micro_batch: int) -> None:
         """A micro-batch of this size ran out of memory: never grow back to it."""
         self.ceiling = micro_batch if self.ceiling is None else min(self.ceiling, micro_batch)
-        self.micro = split_size(micro_batch, self.buckets)
+        self.micro = split_size(micro_batch, self.buckets, self.batch)
         # sizes from the ceiling up are out: neither a recheck nor the settled size may go back there
         self.costs = {k: v for k, v in self.costs.items() if k < self.ceiling}
         if self.cfg.mode == "paper":
@@ -319,13 +357,14 @@ class BatchController:
         return r if self.cfg.lr_rule == "linear" else math.sqrt(r)
 
     def state_dict(self) -> dict:
-        return {"batch": self.batch, "micro": self.micro, "ceiling": self.ceiling, "cool": self.cool,
+        return {"batch": self.batch, "micro": self.micro, "ceiling": self.ceiling, "over": self.over, "cool": self.cool,
                 "obs": list(self.obs[-20:]), "exploring": self.exploring, "costs": dict(self.costs),
                 "direction": self.direction, "start": self.start, "rechecked": self.rechecked,
                 "rechecking": self.rechecking}
 
     def load_state_dict(self, s: dict) -> None:
         self.batch, self.micro, self.ceiling, self.cool = s["batch"], s["micro"], s["ceiling"], s["cool"]
+        self.over = s.get("over")
         self.obs = [tuple(o) for o in s["obs"]]
         self.exploring = s.get("exploring", self.exploring)
         self.costs = {int(k): v for k, v in s.get("costs", {}).items()}
