@@ -391,9 +391,9 @@ class TrainConfig:
     # (triaccel.controllers.batch): null (default) is automatic: with capture or compile on, the ladder
     # 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, ... (8 and 12 times powers of two), so a run records
     # or compiles one graph per (bucket, plan) instead of one per size the rules produce; otherwise free
-    # sizes. A list: those sizes. []: free sizes. The run's own batch_size and first micro-batch are always
-    # buckets (the start stays as configured); a short last batch keeps its own size (padding it would
-    # change BatchNorm's batch statistics: not exact).
+    # sizes. A list: those sizes. []: free sizes. The run's own batch_size, first micro-batch and (triaccel)
+    # triaccel.batch.min_batch are always buckets (the start stays as configured); a short last batch keeps
+    # its own size (padding it would change BatchNorm's batch statistics: not exact).
     batch_buckets: Optional[tuple] = None
     # torch.compile the training forward (its backward follows): null (default) runs eager. default:
     # Inductor's fused kernels (BatchNorm+ReLU in one pass instead of three; its partitioner recomputes
