@@ -78,23 +78,28 @@ class Buckets:
         below = [b for b in self.sizes if b <= size]
         return below[-1] if below else size
 
-    def up(self, size: int, limit: int) -> int:
-        """The smallest bucket at or above ``size`` and at or below ``limit``, else the largest at or
-        below ``limit``."""
+    def up(self, size: int, limit: int | None = None) -> int:
+        """The smallest bucket at or above ``size`` and at or below ``limit`` (if given), else the largest
+        at or below ``limit``."""
+        limit = self.sizes[-1] if limit is None else limit
         above = [b for b in self.sizes if size <= b <= limit]
         return above[0] if above else self.down(limit)
+
+    def _splits(self, batch: int, m: int) -> bool:
+        """Micro-batches of ``m`` split ``batch`` into buckets: the remainder is 0 or a bucket."""
+        return batch % m == 0 or batch % m in self.sizes
 
     def micro_for(self, batch: int, limit: int) -> int:
         """The largest bucket m <= ``limit`` that splits ``batch`` into buckets (its remainder batch % m is
         0 or a bucket), so every micro-batch of a window is a bucket; ``limit`` below every such bucket:
         ``limit`` itself (sizes are free there)."""
-        ok = [m for m in self.sizes if m <= limit and (batch % m == 0 or batch % m in self.sizes)]
+        ok = [m for m in self.sizes if m <= limit and self._splits(batch, m)]
         return ok[-1] if ok else limit
 
     def splitting(self, batch: int) -> "Buckets":
         """The buckets that split ``batch`` into buckets (constant mode: the batch is fixed, the micro-batch
         moves): a micro-batch of 128 in a batch of 200 would leave a window's last micro-batch at 72."""
-        return Buckets([m for m in self.sizes if m <= batch and (batch % m == 0 or batch % m in self.sizes)])
+        return Buckets([m for m in self.sizes if m <= batch and self._splits(batch, m)])
 
     def __repr__(self) -> str:
         return f"Buckets({list(self.sizes)})"
@@ -239,9 +244,9 @@ class BatchController:
         nxt = max(8, int(round(size * g / 8.0)) * 8) if size * g >= 8 else max(1, int(size * g))
         nxt = nxt if nxt != size else size + direction
         if self.buckets is not None:  # the nearest bucket in the direction of the move
-            nxt = self.buckets.up(nxt, 1 << 62) if direction > 0 else self.buckets.down(nxt)
+            nxt = self.buckets.up(nxt) if direction > 0 else self.buckets.down(nxt)
             if nxt == size:  # the ladder's step fell inside one bucket: the next one out
-                nxt = self.buckets.up(size + 1, 1 << 62) if direction > 0 else self.buckets.down(size - 1)
+                nxt = self.buckets.up(size + 1) if direction > 0 else self.buckets.down(size - 1)
         return nxt
 
     def _update_score(self, peak_bytes: float, seconds: float | None, examples: int | None) -> BatchDecision:
