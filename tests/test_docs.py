@@ -1,0 +1,65 @@
+"""The generated parts of the documentation are what their generators write now: the
+configuration reference (docs/config.md), the results index (bench/results/INDEX.md) and
+README's headline table. Each fails when the code or a result file changed without them."""
+import importlib.util
+import json
+import re
+import sys
+
+from conftest import ROOT
+
+
+def _module(path, name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_config_reference_is_what_the_config_dataclasses_say():
+    gen = _module("docs/gen_config_reference.py", "gen_config_reference")
+    text = gen.render()
+    assert (ROOT / "docs" / "config.md").read_text() == text, "run: python docs/gen_config_reference.py"
+    from triaccel.config import TrainConfig, TriAccelConfig
+
+    # every key is there with its default, nested sections included
+    assert "| `epochs` | int | 10 |" in text
+    assert f"| `triaccel.control_every` | int | {TriAccelConfig().control_every} |" in text
+    assert "| `cublas_workspace_mib` | int \\| null | null | cuBLAS's workspace per (handle, stream), in MiB" in text
+    assert text.count("\n| `") == sum(1 for _ in _keys(TrainConfig))
+
+
+def _keys(cls, prefix=""):
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        yield prefix + f.name
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from _keys(hints[f.name], prefix + f.name + ".")
+
+
+def test_readme_headline_is_the_ledgers_table():
+    ledger = _module("bench/ledger.py", "ledger")
+    readme = (ROOT / "README.md").read_text()
+    m = re.search(r"<!-- headline: python bench/ledger.py --headline -->\n(.*?)\n<!-- /headline -->", readme, re.S)
+    assert m, "README.md has no generated headline block"
+    assert m.group(1) == ledger.headline(), "run: python bench/ledger.py --headline, and paste it into README.md"
+
+
+def test_results_index_is_current_and_every_result_records_its_facts():
+    ledger = _module("bench/ledger.py", "ledger")
+    assert ledger.problems() == []
+    assert (ROOT / "bench" / "results" / "INDEX.md").read_text() == ledger.index(), "run: python bench/ledger.py"
+
+
+def test_a_new_result_records_revision_dirty_flag_and_placeholders(tmp_path, monkeypatch):
+    common = _module("bench/_common.py", "_common")
+    monkeypatch.setattr(sys, "argv", ["bench/x.py", "--out", str(ROOT / "bench" / "results" / "x.json")])
+    common.write(str(tmp_path / "x.json"), {"what": "a test"})
+    env = json.loads((tmp_path / "x.json").read_text())["env"]
+    assert re.fullmatch(r"[0-9a-f]{7,}", env["git_rev"]) and env["git_dirty"] in (True, False)
+    assert env["command"] == "python3 bench/x.py --out $REPO/bench/results/x.json"
+    assert {"date", "gpu", "torch"} <= set(env)
