@@ -59,7 +59,7 @@ if [ -n "${GPU_WORKERS:-}" ]; then
     echo "tests/run_gpu.sh: GPU_WORKERS selects with -m itself; leave -m out of PYTEST_ARGS (use -k)" >&2; exit 2
   fi
 fi
-CUDA_FILES="tests/test_capture.py tests/test_compiled.py tests/test_curvature.py tests/test_data.py tests/test_kernels.py tests/test_trainer.py tests/test_triaccel.py"
+CUDA_FILES="tests/test_capture.py tests/test_compiled.py tests/test_curvature.py tests/test_data.py tests/test_kernels.py tests/test_trainer.py tests/test_control.py"
 case "${PART:-}" in
   cuda) PYTEST_ARGS="$CUDA_FILES" ;;
   search) PYTEST_ARGS="tests/test_search.py" ;;

@@ -1,4 +1,4 @@
-"""#14 beyond the list: inputs users try that still reached a traceback, a silent misreading or a
+"""Inputs users try at the command line that once reached a traceback, a silent misreading or a
 lost run. Each is one line naming the key, flag, file or variable, exit status 2, nothing written."""
 import pytest
 
