@@ -1,7 +1,7 @@
 """Eager against captured (``capture: true``, CUDA graphs of the micro-batch) training, side by
 side in one process, interleaved run by run (issue 13).
 
-    python3 bench/capture_bench.py --data-dir /tmp/cifar --out bench/results/h200_capture.json
+    python3 bench/capture_bench.py --data-dir /tmp/cifar --out bench/results/capture/h200_capture.json
 
 Each pair trains the shipped static config (``configs/cifar10_jpeg_resnet18.yaml``, ResNet-18,
 CIFAR-10 JPEG pack) with one override set, once eager and once captured, same seed; pairs named

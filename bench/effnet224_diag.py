@@ -1,7 +1,7 @@
 """Where an EfficientNet-B0 epoch at 224 px goes (issue 14 case 15): static AMP against Tri-Accel with
 its defaults, with cuDNN autotuning on and off and the controllers switched off one at a time.
 
-    python3 bench/effnet224_diag.py --data-dir /tmp/cifar --subset 5 --out bench/results/h200_effnet224_diag.json
+    python3 bench/effnet224_diag.py --data-dir /tmp/cifar --subset 5 --out bench/results/effnet224/h200_effnet224_diag.json
 
 Each variant trains ``--epochs`` epochs of configs/cifar10_jpeg_resnet18.yaml with
 model.name=efficientnet_b0 model.resize=224, in a fresh process (cuDNN's autotuning cache lives

@@ -1,6 +1,6 @@
 """Gradient statistics and fused optimizer kernels against the torch paths, on the GPU.
 
-    python3 bench/kernels_bench.py --out bench/results/h200_kernels.json
+    python3 bench/kernels_bench.py --out bench/results/kernels/h200_kernels.json
 
 Per call (triton.testing.do_bench) includes the host's launch cost, as a training loop pays it;
 ``gpu_only_us`` replays each path from a CUDA graph, the device's time alone.

@@ -2,7 +2,7 @@
 (issue 12: at B=96 the captured step's peak was 0.52 GiB against 0.40 eager, and only part of
 the difference was the graphs' pool).
 
-    python3 bench/mem_breakdown.py --data-dir /tmp/cifar --out bench/results/h200_mem_breakdown.json
+    python3 bench/mem_breakdown.py --data-dir /tmp/cifar --out bench/results/mem_breakdown/h200_mem_breakdown.json
 
 For each ``--batches`` B: the shipped static config (``configs/cifar10_jpeg_resnet18.yaml``),
 ``--dtype`` AMP, captured, ``--epochs`` epochs (after one untimed warm-up run): the run's

@@ -76,7 +76,7 @@ for s in "$@"; do
                  --variants amp,score,score-nobatch,score-nocurv,score-noprec,triaccel-off \
                  --out "$out/h200_effnet224_diag_score.json" ;;  # issue 14 case 15: the new defaults at 224 px
     effnet224) # issue 14 case 15: EfficientNet-B0 at 224 px from the shipped JPEG config, as a newcomer runs it
-               # (bench/results/h200_effnet224.log was recorded under the paper's rules, the defaults until 2026-12-01):
+               # (bench/results/effnet224/h200_effnet224.log was recorded under the paper's rules, the defaults until 2026-12-01):
                # two epochs each (the first minus the second is the warm-up: allocation, cuDNN autotuning,
                # Triton compilation, captures), static AMP then Tri-Accel with its defaults; then the
                # profile, which reports the first step apart

@@ -1,6 +1,6 @@
 """A CIFAR-10 ResNet-18 search with trials sharing the GPU against the same search one at a time.
 
-    python3 bench/search_bench.py --data-dir /tmp/cifar --trials 16 --epochs 3 --out bench/results/h200_search.json
+    python3 bench/search_bench.py --data-dir /tmp/cifar --trials 16 --epochs 3 --out bench/results/packing/h200_search.json
 
 Both searches draw the same 16 configurations (same sampler seed, no early stopping, so both
 do the same work). Reported per search: wall time, trials per hour, the GPU memory each trial
@@ -12,7 +12,7 @@ best efficiency score found, with how many trials shared the GPU when it was mea
 the captured one; plain ``packed`` / ``alone`` keep the space's ``capture``):
 
     python3 bench/search_bench.py --data-dir /tmp/cifar --trials 8 --epochs 3 \
-        --which packed-eager,packed-captured --out bench/results/h200_search_capture.json
+        --which packed-eager,packed-captured --out bench/results/packing/h200_search_capture.json
 
 Each search trains one static baseline first (the space's 12 would dominate the wall time);
 ``trials_per_hour`` counts the trial phase only (first trial start to last trial end, from

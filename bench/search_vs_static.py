@@ -1,7 +1,7 @@
 """The question the service exists to answer: does the exported config beat what the user
 would have run anyway? (issue 12)
 
-    python3 bench/search_vs_static.py --data-dir /tmp/cifar --out bench/results/h200_search_vs_static.json
+    python3 bench/search_vs_static.py --data-dir /tmp/cifar --out bench/results/search/h200_search_vs_static.json
 
 1. The default search of ``spaces/cifar10_jpeg_resnet18.yaml`` as shipped (16 trials, four
    sharing the GPU, its own static baselines, the top 3 confirmed alone) -> ``triaccel export``.
@@ -76,7 +76,7 @@ def train(d: dict, seed: int) -> dict:
 
 
 WARM_HELP = ("epochs of an untimed run before the measured ones (0: none). On the H200 the first run in a "
-             "process ran 5%% faster than every later one, whatever it trained (bench/results/h200_order.json): "
+             "process ran 5%% faster than every later one, whatever it trained (bench/results/step_gap/h200_order.json): "
              "without it, the first run of a comparison is favoured")
 
 

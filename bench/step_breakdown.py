@@ -1,6 +1,6 @@
 """Where does our training step lose to a plain PyTorch loop? One process, same model, same batch.
 
-    python3 bench/step_breakdown.py --data-dir /tmp/cifar --out bench/results/h200_step_breakdown.json
+    python3 bench/step_breakdown.py --data-dir /tmp/cifar --out bench/results/profile/h200_step_breakdown.json
 
 Variants (each: warmed up, median of synchronised blocks via triaccel.measure.bench):
   plain            the guide's loop: fixed device batch, torch.optim.SGD, autocast, NCHW

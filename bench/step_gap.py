@@ -1,6 +1,6 @@
 """Where the captured Tri-Accel step loses to the captured static step at the same batch (issue 12/13).
 
-    python3 bench/step_gap.py --data-dir /tmp/cifar --out bench/results/h200_step_gap.json
+    python3 bench/step_gap.py --data-dir /tmp/cifar --out bench/results/step_gap/h200_step_gap.json
 
 Every variant is the shipped config (ResNet-18, CIFAR-10 JPEG pack) at B=96, fp16, captured
 micro-batches, warmed up past its recordings (``--batch`` sets another B). For each, three views of the same steps:

@@ -1,6 +1,6 @@
 """FP32 and static AMP (bf16) ResNet-18 on CIFAR-10: epoch time, peak memory, accuracy, img/s.
 
-    python3 bench/train_baselines.py --data-dir /tmp/cifar --epochs 5 --out bench/results/h200_baselines.json
+    python3 bench/train_baselines.py --data-dir /tmp/cifar --epochs 5 --out bench/results/baselines/h200_baselines.json
 """
 from __future__ import annotations
 

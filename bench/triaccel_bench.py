@@ -1,8 +1,8 @@
 """Tri-Accel on the GPU: controller overhead, curvature-probe cost, elastic batch, Table 2 ablation.
 
-    python3 bench/triaccel_bench.py overhead --data-dir /tmp/cifar --out bench/results/h200_overhead.json
-    python3 bench/triaccel_bench.py elastic  --data-dir /tmp/cifar --out bench/results/h200_elastic.json
-    python3 bench/triaccel_bench.py ablation --data-dir /tmp/cifar --out bench/results/h200_ablation.json
+    python3 bench/triaccel_bench.py overhead --data-dir /tmp/cifar --out bench/results/overhead/h200_overhead.json
+    python3 bench/triaccel_bench.py elastic  --data-dir /tmp/cifar --out bench/results/elastic/h200_elastic.json
+    python3 bench/triaccel_bench.py ablation --data-dir /tmp/cifar --out bench/results/ablation/h200_ablation.json
 
 overhead: warmed-up step time at a fixed batch (median of 21 blocks of 20 synchronised steps,
 the variants' blocks interleaved so drift falls on all alike) for static AMP and for Tri-Accel with each controller alone and all together; thresholds keep
