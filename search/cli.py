@@ -12,7 +12,8 @@ def cmd_search(args) -> int:
     from triaccel.search.runner import run_search
 
     run_search(args.space, name=args.name, trials=args.trials, concurrency=args.concurrency,
-               gpus_per_trial=args.gpus_per_trial, address=args.address, confirm=args.confirm)
+               gpus_per_trial=args.gpus_per_trial, address=args.address, confirm=args.confirm,
+               fresh_baselines=args.fresh_baselines)
     return 0
 
 
@@ -142,6 +143,9 @@ def add_commands(sub, once) -> None:
     s.add_argument("--confirm", type=int, default=None, metavar="K",
                    help="re-run the top K configurations, and the space's start points, alone before export "
                         "(undistorted by sharing); default 3 when trials share a GPU, else 0 (none at all)")
+    s.add_argument("--fresh-baselines", action="store_true",
+                   help="train the static baselines again, even where the store holds ones measured with the same "
+                        "settings, device and versions (reused by default)")
     s.set_defaults(func=cmd_search)
 
     r = sub.add_parser("resume", help="continue an interrupted search")

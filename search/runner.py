@@ -322,7 +322,8 @@ def _tuner(space: SearchSpace, name: str, uri: str, shared: int, ref_curve: list
 
 
 def run_search(space_path: str, name: str | None = None, trials: int | None = None, concurrency: int | None = None,
-               gpus_per_trial: float | None = None, address: str | None = None, confirm: int | None = None) -> dict:
+               gpus_per_trial: float | None = None, address: str | None = None, confirm: int | None = None,
+               fresh_baselines: bool = False) -> dict:
     space = load_space(space_path)  # every error surfaces here, before Ray starts
     _check_confirm(confirm)
     check_address(address)
@@ -380,7 +381,7 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     print(f"triaccel search '{name}': {space.trials} trials of {space.source}, {space.concurrency} at a time, "
           f"objective {space.objective}; Tune state in {path}; MLflow {uri} (experiment '{EXPERIMENT}')", flush=True)
     with interruptible(name, uri):
-        ref_curve = run_baselines(name, space, uri, shared)
+        ref_curve = run_baselines(name, space, uri, shared, fresh=fresh_baselines)
         _init_ray(address)
         quiet_tune_failures()
         with own_signals():
@@ -800,11 +801,13 @@ def run_alone(name: str, uri: str, cfg, tags: dict, label: str) -> dict | None:
     return s
 
 
-def run_baselines(name: str, space: SearchSpace, uri: str, shared: int) -> list | None:
+def run_baselines(name: str, space: SearchSpace, uri: str, shared: int, fresh: bool = False) -> list | None:
     """Train the static AMP references the space declares, alone and before any trial (resumed
-    searches train only those not finished), and return the reference baseline's per-epoch
-    validation accuracy: the curve every trial's accuracy is held to."""
+    searches train only those not finished; one the store already measured with the same settings,
+    device and versions is reused unless ``fresh``: search.baseline_cache), and return the reference
+    baseline's per-epoch validation accuracy: the curve every trial's accuracy is held to."""
     from triaccel.config import TrainConfig, from_dict
+    from triaccel.search import baseline_cache
     from triaccel.search.callbacks import TAG_ROLE, TAG_SEARCH
     from triaccel.search.results import reference, trial_table
 
@@ -822,15 +825,17 @@ def run_baselines(name: str, space: SearchSpace, uri: str, shared: int) -> list 
     todo = [(label, d) for label, d in runs if label not in done]
     if todo:
         print(f"baselines: static AMP {', '.join(label for label, _ in todo)}, alone, "
-              f"{space.epochs} epochs each (what a user would run without the search)", flush=True)
+              f"{space.epochs} epochs each (what a user would run without the search"
+              f"{'' if fresh else '; reused where this store measured one alike'})", flush=True)
     for label, d in todo:
         cfg = from_dict(TrainConfig, d)
-        s = run_alone(name, uri, cfg, {"parent": parent, TAG_SEARCH: name, TAG_ROLE: "baseline",
-                                       "triaccel.baseline": label, "triaccel.trial_id": f"baseline-{label}",
-                                       "triaccel.values": json.dumps({"mode": "amp", "amp_dtype": d["amp_dtype"],
-                                                                      "batch_size": d["batch_size"],
-                                                                      "capture": d["capture"],
-                                                                      "compile": d["compile"]})}, label)
+        tags = {"parent": parent, TAG_SEARCH: name, TAG_ROLE: "baseline", "triaccel.baseline": label,
+                "triaccel.trial_id": f"baseline-{label}", baseline_cache.KEY_TAG: baseline_cache.reuse_key(cfg),
+                "triaccel.values": json.dumps({"mode": "amp", "amp_dtype": d["amp_dtype"], "batch_size": d["batch_size"],
+                                               "capture": d["capture"], "compile": d["compile"]})}
+        if not fresh and baseline_cache.reuse(c, exp, name, label, cfg, tags, space.epochs) is not None:
+            continue
+        s = run_alone(name, uri, cfg, tags, label)
         if s is not None:
             print(f"baseline {label}: eff {s['efficiency']:.2f}  val {s['val_acc']:.2f}%  "
                   f"{s['epoch_time_last5_s']:.2f}s/epoch  {s['peak_mem_gib']:.3f} GiB", flush=True)
@@ -850,6 +855,7 @@ def _cell(v) -> str:
 
 
 def finish(name: str, space: SearchSpace, uri: str, confirm: int) -> dict:
+    from triaccel.search import baseline_cache
     from triaccel.search.results import fmt, pick
 
     if confirm:
@@ -867,6 +873,8 @@ def finish(name: str, space: SearchSpace, uri: str, confirm: int) -> dict:
         r = m["efficiency"] / o.reference["metrics"]["efficiency"]
         print(f"{'base':>5} {b['tags'].get('triaccel.baseline', '?'):>22} {m['efficiency']:8.2f} {r:6.2f} "
               f"{m['val_acc']:6.2f} {'':>6} {m['epoch_time_last5_s']:6.2f} {m['peak_mem_gib']:6.3f}")
+    for line in baseline_cache.reused_lines(o.baselines):  # where a reused baseline's figures came from
+        print(line)
     for i, x in enumerate(o.ranked[:8]):
         m = x.measured
         vals = "  ".join(_cell(x.row["values"].get(k)).rjust(len(k.split(".")[-1][:10])) for k in keys)

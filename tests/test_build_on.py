@@ -1,0 +1,103 @@
+"""Searches that build on earlier ones: baselines measured once, phase times, warm starts, extend, --storage.
+
+Real parts throughout: a real sqlite MLflow store, real training on the digits set, real Optuna;
+the end-to-end tests run the CLI with real local Ray.
+"""
+import copy
+import json
+
+import pytest
+
+from conftest import small_cfg
+
+SPACE = {
+    "name": "b", "objective": "efficiency", "trials": 3, "concurrency": 2, "scheduler": "none",
+    "sampler": "random", "seed": 5,
+    "baseline": {"batch_sizes": [64], "accuracy_margin": 100.0},
+    "train": {"mode": "triaccel", "epochs": 2, "batch_size": 64, "device": "cpu",
+              "data": {"name": "digits", "val_fraction": 0.15, "crop_padding": 1},
+              "model": {"name": "small_cnn", "width": 8}, "optim": {"lr": 0.05, "warmup_epochs": 1},
+              "eval_batch_size": 512,
+              "triaccel": {"control_every": 5, "curvature": {"method": "fisher", "every": 10},
+                           "batch": {"budget_gb": 0.004, "min_batch": 16}}},
+    "params": {
+        "triaccel.precision.tau_low": {"distribution": "loguniform", "low": 1e-8, "high": 1e-4},
+        "triaccel.precision.tau_high": {"distribution": "loguniform", "low": 1e-6, "high": 1e-1,
+                                        "above": "triaccel.precision.tau_low"},
+        "triaccel.batch.rho_low": {"distribution": "uniform", "low": 0.3, "high": 0.7},
+    },
+}
+
+
+# --------------------------------------------------------------------------- baselines measured once
+def test_reuse_key_follows_training_settings_not_names():
+    from triaccel.search.baseline_cache import reuse_key
+
+    base = reuse_key(small_cfg())
+    assert reuse_key(small_cfg(**{"tracking.run_name": "other", "tracking.experiment": "x"})) == base
+    assert reuse_key(small_cfg(evaluate_test=True)) == base
+    for change in ({"epochs": 3}, {"seed": 1}, {"batch_size": 32}, {"optim.lr": 0.1}, {"model.width": 16},
+                   {"data.val_fraction": 0.2}, {"mode": "amp"}):
+        assert reuse_key(small_cfg(**change)) != base, change
+
+
+def test_reuse_key_follows_device_and_versions(monkeypatch):
+    from triaccel.search import baseline_cache
+
+    base = baseline_cache.reuse_key(small_cfg())
+    monkeypatch.setattr(baseline_cache, "device_model", lambda device: "cuda:NVIDIA H200")
+    assert baseline_cache.reuse_key(small_cfg()) != base
+    monkeypatch.undo()
+    real = baseline_cache.versions()
+    monkeypatch.setattr(baseline_cache, "versions", lambda: {**real, "torch": "0.0.1"})
+    assert baseline_cache.reuse_key(small_cfg()) != base
+
+
+def _runs(uri, name, role="baseline"):
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=uri)
+    exp = c.get_experiment_by_name("triaccel-search")
+    return c, c.search_runs([exp.experiment_id], filter_string=f"tags.`triaccel.search` = '{name}' and "
+                                                               f"tags.`triaccel.role` = '{role}'")
+
+
+@pytest.mark.slow
+def test_a_second_search_reuses_the_baseline_and_fresh_trains_it(tmp_store, capsys):
+    """run_baselines as a search calls it, three searches of one space in one store."""
+    from triaccel.search.baseline_cache import KEY_TAG, REUSED_FROM, REUSED_SEARCH
+    from triaccel.search.runner import run_baselines
+    from triaccel.search.space import parse_space
+
+    space = parse_space(copy.deepcopy(SPACE))
+    first = run_baselines("s1", space, tmp_store, 1)
+    c, (b1,) = _runs(tmp_store, "s1")
+    assert REUSED_FROM not in b1.data.tags and b1.data.tags[KEY_TAG]
+    capsys.readouterr()
+
+    second = run_baselines("s2", space, tmp_store, 1)
+    _, (b2,) = _runs(tmp_store, "s2")
+    assert b2.data.tags[REUSED_FROM] == b1.info.run_id and b2.data.tags[REUSED_SEARCH] == "s1"
+    assert b2.data.tags[KEY_TAG] == b1.data.tags[KEY_TAG]
+    assert b2.data.metrics == b1.data.metrics and second == first  # the reference curve too
+    assert b2.data.params == b1.data.params and b2.info.status == "FINISHED"
+    assert b2.data.tags["mlflow.parentRunId"] != b1.data.tags["mlflow.parentRunId"]
+    assert f"reused from search 's1' run {b1.info.run_id}" in capsys.readouterr().out
+
+    # a copy of a copy names the run that trained the figures
+    run_baselines("s3", space, tmp_store, 1)
+    _, (b3,) = _runs(tmp_store, "s3")
+    assert b3.data.tags[REUSED_FROM] == b1.info.run_id and b3.data.tags[REUSED_SEARCH] == "s1"
+
+    run_baselines("s4", space, tmp_store, 1, fresh=True)
+    _, (b4,) = _runs(tmp_store, "s4")
+    assert REUSED_FROM not in b4.data.tags
+    assert b4.data.metrics["wall_s"] != b1.data.metrics["wall_s"]  # trained again, timed again
+
+
+def test_a_reused_baseline_costs_the_search_no_device_time():
+    from triaccel.search.results import gpu_seconds
+
+    trained = {"metrics": {"wall_s": 10.0, "gpu_share": 1.0}, "tags": {}}
+    reused = {"metrics": {"wall_s": 10.0, "gpu_share": 1.0}, "tags": {"triaccel.reused_from": "abc"}}
+    assert gpu_seconds([trained, reused]) == 10.0
