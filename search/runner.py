@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from triaccel.errors import ConfigError, Interrupted, TriAccelError, disk_full, interrupted
+from triaccel.search import phases
 from triaccel.search.space import (CONTROLLER_DEFAULTS, MAX_TRIALS, START, SearchSpace, load_space, parse_space,
                                    pin_controller_defaults)
 from triaccel.tracking import tracking_uri as resolve_uri
@@ -381,10 +382,11 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     print(f"triaccel search '{name}': {space.trials} trials of {space.source}, {space.concurrency} at a time, "
           f"objective {space.objective}; Tune state in {path}; MLflow {uri} (experiment '{EXPERIMENT}')", flush=True)
     with interruptible(name, uri):
-        ref_curve = run_baselines(name, space, uri, shared, fresh=fresh_baselines)
+        with phases.timed(uri, name, "baselines"):
+            ref_curve = run_baselines(name, space, uri, shared, fresh=fresh_baselines)
         _init_ray(address)
         quiet_tune_failures()
-        with own_signals():
+        with own_signals(), phases.timed(uri, name, "trials"):
             _tuner(space, name, uri, shared, ref_curve).fit()
         check_finished(name, space.trials)
         return finish(name, space, uri, default_confirm(confirm, shared, on_gpu(space)))
@@ -495,7 +497,8 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
     print(f"triaccel resume '{name}': " + (f"restoring {tune_root() / name}" if restore else
                                           "Tune saved no trial yet: starting the trials"), flush=True)
     with interruptible(name, uri):
-        ref_curve = run_baselines(name, space, uri, state["shared"])  # those not finished before
+        with phases.timed(uri, name, "baselines"):
+            ref_curve = run_baselines(name, space, uri, state["shared"])  # those not finished before
         _init_ray(address or state.get("address"))
         quiet_tune_failures()
         if restore:
@@ -504,7 +507,7 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
         else:  # stopped before Tune saved its first state (in the baselines or Tune's start-up): trials start now
             close_orphan_trials(name, uri)
             tuner = _tuner(space, name, uri, state["shared"], ref_curve)
-        with own_signals():
+        with own_signals(), phases.timed(uri, name, "trials"):
             tuner.fit()
         check_finished(name, space.trials)
         return finish(name, space, uri, default_confirm(confirm, state["shared"], on_gpu(space)))
@@ -859,7 +862,8 @@ def finish(name: str, space: SearchSpace, uri: str, confirm: int) -> dict:
     from triaccel.search.results import fmt, pick
 
     if confirm:
-        confirm_top(name, space, uri, confirm)
+        with phases.timed(uri, name, "confirm"):
+            confirm_top(name, space, uri, confirm)
     o = read_outcome(name, space, uri)
     record_best(name, space, uri, o)
     print(f"\nsearch '{name}': {len(o.ranked)} finished ({len(o.feasible)} feasible), {len(o.stopped)} stopped early, "
@@ -896,8 +900,9 @@ def finish(name: str, space: SearchSpace, uri: str, confirm: int) -> dict:
         pass
     if p is not None and p.kind == "baseline":
         print(f"{p.reason}: `export` writes the static baseline {p.row['tags'].get('triaccel.baseline')}")
+    c, exp = _client(uri)
+    print(phases.words(phases.read(c, exp, name)))
     print(f"export the best: triaccel export {name} --out tuned.yaml    browse: triaccel ui")
-    c, _ = _client(uri)
     c.set_terminated(parent_run(name, space, uri), status="FINISHED")
     best = o.best.row if o.best else None
     return {"finished": len(o.ranked), "feasible": len(o.feasible), "failed": len(o.failed), "trials": o.trials,
@@ -1093,7 +1098,8 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
         "metrics": {k: float(v) for k, v in measured.items() if k in keep},
         "searched": row["values"], "searched_epochs": searched_epochs, "deleted_runs_ignored": o.deleted,
         "space_file": state["source"], "space_sha256": state["sha256"], "search_finished": finished,
-        "exported_at": datetime.datetime.now().isoformat(timespec="seconds"), "git_revision": git_revision()}
+        "exported_at": datetime.datetime.now().isoformat(timespec="seconds"), "git_revision": git_revision(),
+        "device_s_by_phase": phases.read(*_client(uri, write=False), name)}
     if o.reference is not None:
         ref = o.reference["metrics"]
         # a trial's accuracy difference as the rules judged it (the mean of two seeds after a second look)

@@ -101,3 +101,22 @@ def test_a_reused_baseline_costs_the_search_no_device_time():
     trained = {"metrics": {"wall_s": 10.0, "gpu_share": 1.0}, "tags": {}}
     reused = {"metrics": {"wall_s": 10.0, "gpu_share": 1.0}, "tags": {"triaccel.reused_from": "abc"}}
     assert gpu_seconds([trained, reused]) == 10.0
+
+
+# --------------------------------------------------------------------------- time by phase
+def test_phase_seconds_add_up_on_the_parent_run_across_resumes(tmp_store):
+    from triaccel.search import phases
+    from triaccel.search.runner import _client
+
+    c, exp = _client(tmp_store)
+    phases.add(c, exp, "p", "trials", 5.0)  # no parent run yet: nothing to record it on
+    c.create_run(exp, tags={"triaccel.search": "p", "triaccel.role": "parent"})
+    assert phases.read(c, exp, "p") == {"baselines": 0.0, "trials": 0.0, "confirm": 0.0}
+    phases.add(c, exp, "p", "trials", 5.0)
+    phases.add(c, exp, "p", "trials", 2.5)  # a resume's share
+    with phases.timed(tmp_store, "p", "baselines"):
+        pass
+    got = phases.read(c, exp, "p")
+    assert got["trials"] == 7.5 and 0.0 <= got["baselines"] < 5 and got["confirm"] == 0.0
+    assert phases.read(c, exp, "other") == {"baselines": 0.0, "trials": 0.0, "confirm": 0.0}
+    assert "trials 8 s" in phases.words(got)
