@@ -13,7 +13,7 @@ def cmd_search(args) -> int:
 
     run_search(args.space, name=args.name, trials=args.trials, concurrency=args.concurrency,
                gpus_per_trial=args.gpus_per_trial, address=args.address, confirm=args.confirm,
-               fresh_baselines=args.fresh_baselines)
+               fresh_baselines=args.fresh_baselines, warm_start=args.warm_start, warm_start_k=args.warm_start_k)
     return 0
 
 
@@ -146,6 +146,10 @@ def add_commands(sub, once) -> None:
     s.add_argument("--fresh-baselines", action="store_true",
                    help="train the static baselines again, even where the store holds ones measured with the same "
                         "settings, device and versions (reused by default)")
+    s.add_argument("--warm-start", action=once, metavar="NAME", empty="an empty name; give an earlier search's name",
+                   help="start from the best feasible trials of an earlier search (their keys this space searches, "
+                        "clipped to its bounds), run first as start points")
+    s.add_argument("--warm-start-k", type=int, metavar="K", help="how many of its best trials (default 3)")
     s.set_defaults(func=cmd_search)
 
     r = sub.add_parser("resume", help="continue an interrupted search")

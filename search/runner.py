@@ -324,9 +324,11 @@ def _tuner(space: SearchSpace, name: str, uri: str, shared: int, ref_curve: list
 
 def run_search(space_path: str, name: str | None = None, trials: int | None = None, concurrency: int | None = None,
                gpus_per_trial: float | None = None, address: str | None = None, confirm: int | None = None,
-               fresh_baselines: bool = False) -> dict:
+               fresh_baselines: bool = False, warm_start: str | None = None, warm_start_k: int | None = None) -> dict:
     space = load_space(space_path)  # every error surfaces here, before Ray starts
     _check_confirm(confirm)
+    if warm_start_k is not None and warm_start is None:
+        raise ConfigError("--warm-start-k: needs --warm-start NAME (the search whose best trials start this one)")
     check_address(address)
     for k, v, ok, want in (("trials", trials, lambda v: 1 <= v <= MAX_TRIALS, f"in [1, {MAX_TRIALS}]"),
                            ("concurrency", concurrency, lambda v: v >= 1, ">= 1"),
@@ -336,6 +338,11 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
                 raise ConfigError(f"--{k.replace('_', '-')}: invalid value {v} (must be {want})")
             space.raw[k] = v
     space = parse_space(space.raw, source=space.source, sha256=space.sha256, strict=True)
+    if warm_start is not None:  # the earlier search's best points join the start points (search.warmstart)
+        from triaccel.search import warmstart
+
+        check_name(warm_start, "--warm-start")
+        space = warmstart.warm_start(space, warm_start, warmstart.DEFAULT_K if warm_start_k is None else warm_start_k)
     check_name(name if name is not None else space.name, "--name" if name is not None else
                f"{space.source}: name" if "name" in space.raw else "--name (default: the space file's name)")
     name = name if name is not None else space.name

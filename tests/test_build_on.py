@@ -120,3 +120,64 @@ def test_phase_seconds_add_up_on_the_parent_run_across_resumes(tmp_store):
     assert got["trials"] == 7.5 and 0.0 <= got["baselines"] < 5 and got["confirm"] == 0.0
     assert phases.read(c, exp, "other") == {"baselines": 0.0, "trials": 0.0, "confirm": 0.0}
     assert "trials 8 s" in phases.words(got)
+
+
+# --------------------------------------------------------------------------- warm start
+def _other_space():
+    """Another space: rho_low's range narrower, tau_low's range narrower, lr searched, tau_high gone."""
+    s = copy.deepcopy(SPACE)
+    s["params"] = {
+        "triaccel.precision.tau_low": {"distribution": "loguniform", "low": 1e-6, "high": 1e-4},
+        "triaccel.batch.rho_low": {"distribution": "uniform", "low": 0.4, "high": 0.6},
+        "triaccel.batch.rho_high": {"distribution": "uniform", "low": 0.5, "high": 0.95,
+                                    "above": "triaccel.batch.rho_low"},
+        "triaccel.control_every": {"distribution": "int", "low": 4, "high": 10, "step": 2},
+        "optim.lr": {"distribution": "categorical", "choices": [0.05, 0.1]},
+    }
+    from triaccel.search.space import parse_space
+
+    return parse_space(s)
+
+
+def test_a_point_maps_onto_another_space_clipped_or_left_out_and_says_so():
+    from triaccel.search.warmstart import map_point
+
+    space = _other_space()
+    point, notes = map_point({"triaccel.precision.tau_low": 1e-7, "triaccel.precision.tau_high": 0.01,
+                              "triaccel.batch.rho_low": 0.65, "triaccel.batch.rho_high": 0.58,
+                              "triaccel.control_every": 7, "optim.lr": 0.2}, space)
+    assert point == {"triaccel.precision.tau_low": 1e-6, "triaccel.batch.rho_low": 0.6,
+                     "triaccel.control_every": 8}
+    text = "; ".join(notes)
+    assert "not searched here: triaccel.precision.tau_high" in text
+    assert "tau_low 1e-07 clipped to 1e-06" in text and "rho_low 0.65 clipped to 0.6" in text
+    assert "rho_high left out (0.58 not above triaccel.batch.rho_low (0.6))" in text
+    assert "optim.lr left out (0.2 not among the choices)" in text
+    assert "control_every 7 clipped to 8" in text
+    # inside the bounds: kept as it is, nothing said
+    same, quiet = map_point({"triaccel.batch.rho_low": 0.5, "triaccel.batch.rho_high": 0.7, "optim.lr": 0.1}, space)
+    assert same == {"triaccel.batch.rho_low": 0.5, "triaccel.batch.rho_high": 0.7, "optim.lr": 0.1} and not quiet
+    # the mapped point is a valid start point of the new space
+    from triaccel.search.space import parse_space
+
+    raw = dict(space.raw, start=[point, same])
+    assert len(parse_space(raw).start) == 2
+
+
+@pytest.mark.slow
+def test_warm_start_options_are_refused_in_one_line_before_anything_is_written(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "s.yaml").write_text(json.dumps(SPACE))
+    for args, key in ((["--warm-start", "nope"], "--warm-start nope"),
+                      (["--warm-start-k", "2"], "--warm-start-k"),
+                      (["--warm-start", "x", "--warm-start-k", "0"], "--warm-start-k"),
+                      (["--warm-start", "../x"], "--warm-start")):
+        r = subprocess.run([sys.executable, "-m", "triaccel.cli", "search", "--space", "s.yaml", *args],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                           env={**__import__("os").environ, "TRIACCEL_TUNE_DIR": str(tmp_path / "tune"),
+                                "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"})
+        assert r.returncode != 0 and key in r.stderr, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "tune").exists() and not (tmp_path / "m.db").exists()
