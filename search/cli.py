@@ -24,6 +24,13 @@ def cmd_resume(args) -> int:
     return 0
 
 
+def cmd_extend(args) -> int:
+    from triaccel.search.extend import extend_search
+
+    extend_search(args.name, args.trials, address=args.address, confirm=args.confirm)
+    return 0
+
+
 def cmd_export(args) -> int:
     from triaccel.search.runner import export
 
@@ -157,6 +164,13 @@ def add_commands(sub, once) -> None:
     r.add_argument("--address", action=once, empty=ADDRESS_EMPTY)
     r.add_argument("--confirm", type=int, default=None, metavar="K", help="as for search")
     r.set_defaults(func=cmd_resume)
+
+    x = sub.add_parser("extend", help="give a finished search more trials; the sampler sees every earlier one")
+    x.add_argument("name")
+    x.add_argument("--trials", type=int, required=True, help="how many trials to add")
+    x.add_argument("--address", action=once, empty=ADDRESS_EMPTY)
+    x.add_argument("--confirm", type=int, default=None, metavar="K", help="as for search")
+    x.set_defaults(func=cmd_extend)
 
     e = sub.add_parser("export", help="write the tuned config of a search as a training YAML")
     e.add_argument("name")

@@ -195,18 +195,27 @@ def _constrained_optuna():
         (``acc_constraint`` <= 0: feasible), so TPE models infeasible trials as infeasible
         instead of as low scores."""
 
-        def __init__(self, *args, start=(), **kw):
+        def __init__(self, *args, start=(), seeds=(), **kw):
             self._start = [dict(p) for p in start]
+            self._seeds = list(seeds)  # earlier trials, as Optuna FrozenTrials (search.extend)
+            self.seen_before_first = None  # completed trials the study held at the first suggestion
             super().__init__(*args, **kw)
 
         def _setup_study(self, mode):
             super()._setup_study(mode)
+            for t in self._seeds:  # the sampler models them as it models the trials it ran itself
+                self._ot_study.add_trial(t)
             # the space's start points, partial ones too (Ray's points_to_evaluate needs every key):
             # Optuna runs enqueued trials first, as given, and samples the keys a point leaves out
             for point in self._start:
                 self._ot_study.enqueue_trial(point, skip_if_exists=True)
 
         def suggest(self, trial_id):
+            if self.seen_before_first is None and self._ot_study is not None:
+                import optuna
+
+                self.seen_before_first = len(self._ot_study.get_trials(
+                    deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
             config = super().suggest(trial_id)
             ot = self._ot_trials.get(trial_id)
             # an enqueued trial (a start point) carries Optuna's fixed_params: mark its config so the
@@ -234,7 +243,7 @@ def _constrained_optuna():
     return AccuracyConstrainedOptuna
 
 
-def _searcher(space: SearchSpace):
+def _searcher(space: SearchSpace, seeds=()):
     import optuna
     from ray.tune.search import ConcurrencyLimiter
 
@@ -249,7 +258,7 @@ def _searcher(space: SearchSpace):
             sampler = optuna.samplers.TPESampler(seed=space.seed, multivariate=True, constant_liar=True,
                                                  n_startup_trials=max(2, min(10, space.trials // 3)))
     alg = _constrained_optuna()(space=space.optuna_distributions(), metric=space.metric, mode=space.mode,
-                                sampler=sampler, start=copy.deepcopy(space.start))
+                                sampler=sampler, start=copy.deepcopy(space.start), seeds=seeds)
     return ConcurrencyLimiter(alg, max_concurrent=space.concurrency)
 
 
@@ -291,7 +300,10 @@ def quiet_tune_failures() -> None:
         lg.addFilter(_DropTuneFailureNoise())
 
 
-def _tuner(space: SearchSpace, name: str, uri: str, shared: int, ref_curve: list | None):
+def _tuner(space: SearchSpace, name: str, uri: str, shared: int, ref_curve: list | None, searcher=None,
+           tune_dir: Path | None = None):
+    """The search's Tuner; ``searcher`` and ``tune_dir`` (Tune's folder, default tune_root()/name):
+    an extension's own (search.extend)."""
     from ray import tune
     from ray.tune.schedulers import FIFOScheduler
 
@@ -312,10 +324,11 @@ def _tuner(space: SearchSpace, name: str, uri: str, shared: int, ref_curve: list
         sched = FIFOScheduler()
     return tune.Tuner(
         _trainable(space, shared, ref_curve),
-        tune_config=tune.TuneConfig(search_alg=_searcher(space), scheduler=sched, num_samples=space.trials,
+        tune_config=tune.TuneConfig(search_alg=searcher or _searcher(space), scheduler=sched, num_samples=space.trials,
                                     trial_dirname_creator=lambda t: t.trial_id, reuse_actors=False),
         run_config=tune.RunConfig(
-            name=name, storage_path=str(tune_root()), verbose=0,
+            name=tune_dir.name if tune_dir else name, storage_path=str(tune_dir.parent if tune_dir else tune_root()),
+            verbose=0,
             callbacks=[MLflowSearchCallback(uri, EXPERIMENT, name, space, shared, gpu_share(space, shared)),
                        ConsoleReporter(space.trials)],
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),

@@ -181,3 +181,41 @@ def test_warm_start_options_are_refused_in_one_line_before_anything_is_written(t
         assert r.returncode != 0 and key in r.stderr, (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "tune").exists() and not (tmp_path / "m.db").exists()
+
+
+# --------------------------------------------------------------------------- extend
+def _row(i, status="FINISHED", eff=None, **values):
+    v = {"triaccel.precision.tau_low": 1e-6 * (i + 1), "triaccel.precision.tau_high": 1e-3 * (i + 1),
+         "triaccel.batch.rho_low": 0.4 + 0.01 * i, **values}
+    m = {} if eff is None else {"efficiency": eff, "acc_constraint": -1.0}
+    return {"run_id": f"r{i}", "status": status, "values": v, "metrics": m, "trial_id": f"t{i}", "tags": {}}
+
+
+def test_the_extended_study_holds_every_earlier_trial_before_its_first_suggestion():
+    """The searcher as extend builds it, with real Optuna: what the sampler sees is in the study."""
+    import optuna
+
+    from triaccel.search.extend import earlier_trials
+    from triaccel.search.runner import _searcher
+    from triaccel.search.space import FRAC_SUFFIX, parse_space
+
+    space = parse_space(copy.deepcopy(SPACE))
+    rows = [_row(0, eff=10.0), _row(1, eff=12.0), _row(2, status="FAILED"), _row(3, status="KILLED", eff=3.0),
+            _row(4, eff=11.0)]
+    seeds = earlier_trials(rows, space)
+    states = [t.state for t in seeds]
+    C = optuna.trial.TrialState
+    assert states == [C.COMPLETE, C.COMPLETE, C.FAIL, C.COMPLETE]  # the KILLED run cut short: left out
+    assert seeds[1].value == 12.0 and seeds[1].system_attrs["constraints:accuracy"] == -1.0
+    # an ordered key travels as its position above its partner, as the sampler draws it
+    assert set(seeds[0].params) == {"triaccel.precision.tau_low", "triaccel.precision.tau_high" + FRAC_SUFFIX,
+                                    "triaccel.batch.rho_low"}
+    assert space.resolve(seeds[0].params)["triaccel.precision.tau_high"] == pytest.approx(1e-3)
+
+    alg = _searcher(space, seeds).searcher
+    config = alg.suggest("new-1")
+    assert alg.seen_before_first == 3
+    study = alg._ot_study
+    assert len(study.get_trials(states=(C.COMPLETE,))) == 3 and len(study.trials) == 5
+    assert study.best_value == 12.0  # the earlier best, as the sampler models it
+    assert set(space.params) <= set(space.resolve(config))
