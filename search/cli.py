@@ -12,7 +12,8 @@ def cmd_search(args) -> int:
     from triaccel.search.runner import run_search
 
     run_search(args.space, name=args.name, trials=args.trials, concurrency=args.concurrency,
-               gpus_per_trial=args.gpus_per_trial, address=args.address, confirm=args.confirm)
+               gpus_per_trial=args.gpus_per_trial, address=args.address, confirm=args.confirm,
+               fresh_baselines=args.fresh_baselines, warm_start=args.warm_start, warm_start_k=args.warm_start_k)
     return 0
 
 
@@ -20,6 +21,13 @@ def cmd_resume(args) -> int:
     from triaccel.search.runner import resume_search
 
     resume_search(args.name, address=args.address, confirm=args.confirm)
+    return 0
+
+
+def cmd_extend(args) -> int:
+    from triaccel.search.extend import extend_search
+
+    extend_search(args.name, args.trials, address=args.address, confirm=args.confirm)
     return 0
 
 
@@ -142,6 +150,13 @@ def add_commands(sub, once) -> None:
     s.add_argument("--confirm", type=int, default=None, metavar="K",
                    help="re-run the top K configurations, and the space's start points, alone before export "
                         "(undistorted by sharing); default 3 when trials share a GPU, else 0 (none at all)")
+    s.add_argument("--fresh-baselines", action="store_true",
+                   help="train the static baselines again, even where the store holds ones measured with the same "
+                        "settings, device and versions (reused by default)")
+    s.add_argument("--warm-start", action=once, metavar="NAME", empty="an empty name; give an earlier search's name",
+                   help="start from the best feasible trials of an earlier search (their keys this space searches, "
+                        "clipped to its bounds), run first as start points")
+    s.add_argument("--warm-start-k", type=int, metavar="K", help="how many of its best trials (default 3)")
     s.set_defaults(func=cmd_search)
 
     r = sub.add_parser("resume", help="continue an interrupted search")
@@ -149,6 +164,13 @@ def add_commands(sub, once) -> None:
     r.add_argument("--address", action=once, empty=ADDRESS_EMPTY)
     r.add_argument("--confirm", type=int, default=None, metavar="K", help="as for search")
     r.set_defaults(func=cmd_resume)
+
+    x = sub.add_parser("extend", help="give a finished search more trials; the sampler sees every earlier one")
+    x.add_argument("name")
+    x.add_argument("--trials", type=int, required=True, help="how many trials to add")
+    x.add_argument("--address", action=once, empty=ADDRESS_EMPTY)
+    x.add_argument("--confirm", type=int, default=None, metavar="K", help="as for search")
+    x.set_defaults(func=cmd_extend)
 
     e = sub.add_parser("export", help="write the tuned config of a search as a training YAML")
     e.add_argument("name")

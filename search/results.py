@@ -278,9 +278,12 @@ def pick(o: Outcome, objective: str, how: str) -> Pick:
 
 # --------------------------------------------------------------------------- cost
 def gpu_seconds(rows: list[dict]) -> float:
-    """Device time a set of runs held: wall time x the share of the GPU each held."""
+    """Device time a set of runs held: wall time x the share of the GPU each held (a baseline reused
+    from an earlier search held none of this search's)."""
     total = 0.0
     for r in rows:
+        if r.get("tags", {}).get("triaccel.reused_from"):  # a reused baseline: measured by an earlier search
+            continue
         m = r["metrics"]
         if "wall_s" in m:
             total += m["wall_s"] * m.get("gpu_share", 1.0)

@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from triaccel.errors import ConfigError, Interrupted, TriAccelError, disk_full, interrupted
+from triaccel.search import phases
 from triaccel.search.space import (CONTROLLER_DEFAULTS, MAX_TRIALS, START, SearchSpace, load_space, parse_space,
                                    pin_controller_defaults)
 from triaccel.tracking import tracking_uri as resolve_uri
@@ -194,18 +195,27 @@ def _constrained_optuna():
         (``acc_constraint`` <= 0: feasible), so TPE models infeasible trials as infeasible
         instead of as low scores."""
 
-        def __init__(self, *args, start=(), **kw):
+        def __init__(self, *args, start=(), seeds=(), **kw):
             self._start = [dict(p) for p in start]
+            self._seeds = list(seeds)  # earlier trials, as Optuna FrozenTrials (search.extend)
+            self.seen_before_first = None  # completed trials the study held at the first suggestion
             super().__init__(*args, **kw)
 
         def _setup_study(self, mode):
             super()._setup_study(mode)
+            for t in self._seeds:  # the sampler models them as it models the trials it ran itself
+                self._ot_study.add_trial(t)
             # the space's start points, partial ones too (Ray's points_to_evaluate needs every key):
             # Optuna runs enqueued trials first, as given, and samples the keys a point leaves out
             for point in self._start:
                 self._ot_study.enqueue_trial(point, skip_if_exists=True)
 
         def suggest(self, trial_id):
+            if self.seen_before_first is None and self._ot_study is not None:
+                import optuna
+
+                self.seen_before_first = len(self._ot_study.get_trials(
+                    deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
             config = super().suggest(trial_id)
             ot = self._ot_trials.get(trial_id)
             # an enqueued trial (a start point) carries Optuna's fixed_params: mark its config so the
@@ -233,7 +243,7 @@ def _constrained_optuna():
     return AccuracyConstrainedOptuna
 
 
-def _searcher(space: SearchSpace):
+def _searcher(space: SearchSpace, seeds=()):
     import optuna
     from ray.tune.search import ConcurrencyLimiter
 
@@ -248,7 +258,7 @@ def _searcher(space: SearchSpace):
             sampler = optuna.samplers.TPESampler(seed=space.seed, multivariate=True, constant_liar=True,
                                                  n_startup_trials=max(2, min(10, space.trials // 3)))
     alg = _constrained_optuna()(space=space.optuna_distributions(), metric=space.metric, mode=space.mode,
-                                sampler=sampler, start=copy.deepcopy(space.start))
+                                sampler=sampler, start=copy.deepcopy(space.start), seeds=seeds)
     return ConcurrencyLimiter(alg, max_concurrent=space.concurrency)
 
 
@@ -290,7 +300,10 @@ def quiet_tune_failures() -> None:
         lg.addFilter(_DropTuneFailureNoise())
 
 
-def _tuner(space: SearchSpace, name: str, uri: str, shared: int, ref_curve: list | None):
+def _tuner(space: SearchSpace, name: str, uri: str, shared: int, ref_curve: list | None, searcher=None,
+           tune_dir: Path | None = None):
+    """The search's Tuner; ``searcher`` and ``tune_dir`` (Tune's folder, default tune_root()/name):
+    an extension's own (search.extend)."""
     from ray import tune
     from ray.tune.schedulers import FIFOScheduler
 
@@ -311,10 +324,11 @@ def _tuner(space: SearchSpace, name: str, uri: str, shared: int, ref_curve: list
         sched = FIFOScheduler()
     return tune.Tuner(
         _trainable(space, shared, ref_curve),
-        tune_config=tune.TuneConfig(search_alg=_searcher(space), scheduler=sched, num_samples=space.trials,
+        tune_config=tune.TuneConfig(search_alg=searcher or _searcher(space), scheduler=sched, num_samples=space.trials,
                                     trial_dirname_creator=lambda t: t.trial_id, reuse_actors=False),
         run_config=tune.RunConfig(
-            name=name, storage_path=str(tune_root()), verbose=0,
+            name=tune_dir.name if tune_dir else name, storage_path=str(tune_dir.parent if tune_dir else tune_root()),
+            verbose=0,
             callbacks=[MLflowSearchCallback(uri, EXPERIMENT, name, space, shared, gpu_share(space, shared)),
                        ConsoleReporter(space.trials)],
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
@@ -322,9 +336,12 @@ def _tuner(space: SearchSpace, name: str, uri: str, shared: int, ref_curve: list
 
 
 def run_search(space_path: str, name: str | None = None, trials: int | None = None, concurrency: int | None = None,
-               gpus_per_trial: float | None = None, address: str | None = None, confirm: int | None = None) -> dict:
+               gpus_per_trial: float | None = None, address: str | None = None, confirm: int | None = None,
+               fresh_baselines: bool = False, warm_start: str | None = None, warm_start_k: int | None = None) -> dict:
     space = load_space(space_path)  # every error surfaces here, before Ray starts
     _check_confirm(confirm)
+    if warm_start_k is not None and warm_start is None:
+        raise ConfigError("--warm-start-k: needs --warm-start NAME (the search whose best trials start this one)")
     check_address(address)
     for k, v, ok, want in (("trials", trials, lambda v: 1 <= v <= MAX_TRIALS, f"in [1, {MAX_TRIALS}]"),
                            ("concurrency", concurrency, lambda v: v >= 1, ">= 1"),
@@ -334,6 +351,11 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
                 raise ConfigError(f"--{k.replace('_', '-')}: invalid value {v} (must be {want})")
             space.raw[k] = v
     space = parse_space(space.raw, source=space.source, sha256=space.sha256, strict=True)
+    if warm_start is not None:  # the earlier search's best points join the start points (search.warmstart)
+        from triaccel.search import warmstart
+
+        check_name(warm_start, "--warm-start")
+        space = warmstart.warm_start(space, warm_start, warmstart.DEFAULT_K if warm_start_k is None else warm_start_k)
     check_name(name if name is not None else space.name, "--name" if name is not None else
                f"{space.source}: name" if "name" in space.raw else "--name (default: the space file's name)")
     name = name if name is not None else space.name
@@ -380,10 +402,11 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     print(f"triaccel search '{name}': {space.trials} trials of {space.source}, {space.concurrency} at a time, "
           f"objective {space.objective}; Tune state in {path}; MLflow {uri} (experiment '{EXPERIMENT}')", flush=True)
     with interruptible(name, uri):
-        ref_curve = run_baselines(name, space, uri, shared)
+        with phases.timed(uri, name, "baselines"):
+            ref_curve = run_baselines(name, space, uri, shared, fresh=fresh_baselines)
         _init_ray(address)
         quiet_tune_failures()
-        with own_signals():
+        with own_signals(), phases.timed(uri, name, "trials"):
             _tuner(space, name, uri, shared, ref_curve).fit()
         check_finished(name, space.trials)
         return finish(name, space, uri, default_confirm(confirm, shared, on_gpu(space)))
@@ -494,7 +517,8 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
     print(f"triaccel resume '{name}': " + (f"restoring {tune_root() / name}" if restore else
                                           "Tune saved no trial yet: starting the trials"), flush=True)
     with interruptible(name, uri):
-        ref_curve = run_baselines(name, space, uri, state["shared"])  # those not finished before
+        with phases.timed(uri, name, "baselines"):
+            ref_curve = run_baselines(name, space, uri, state["shared"])  # those not finished before
         _init_ray(address or state.get("address"))
         quiet_tune_failures()
         if restore:
@@ -503,7 +527,7 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
         else:  # stopped before Tune saved its first state (in the baselines or Tune's start-up): trials start now
             close_orphan_trials(name, uri)
             tuner = _tuner(space, name, uri, state["shared"], ref_curve)
-        with own_signals():
+        with own_signals(), phases.timed(uri, name, "trials"):
             tuner.fit()
         check_finished(name, space.trials)
         return finish(name, space, uri, default_confirm(confirm, state["shared"], on_gpu(space)))
@@ -800,11 +824,13 @@ def run_alone(name: str, uri: str, cfg, tags: dict, label: str) -> dict | None:
     return s
 
 
-def run_baselines(name: str, space: SearchSpace, uri: str, shared: int) -> list | None:
+def run_baselines(name: str, space: SearchSpace, uri: str, shared: int, fresh: bool = False) -> list | None:
     """Train the static AMP references the space declares, alone and before any trial (resumed
-    searches train only those not finished), and return the reference baseline's per-epoch
-    validation accuracy: the curve every trial's accuracy is held to."""
+    searches train only those not finished; one the store already measured with the same settings,
+    device and versions is reused unless ``fresh``: search.baseline_cache), and return the reference
+    baseline's per-epoch validation accuracy: the curve every trial's accuracy is held to."""
     from triaccel.config import TrainConfig, from_dict
+    from triaccel.search import baseline_cache
     from triaccel.search.callbacks import TAG_ROLE, TAG_SEARCH
     from triaccel.search.results import reference, trial_table
 
@@ -822,15 +848,17 @@ def run_baselines(name: str, space: SearchSpace, uri: str, shared: int) -> list 
     todo = [(label, d) for label, d in runs if label not in done]
     if todo:
         print(f"baselines: static AMP {', '.join(label for label, _ in todo)}, alone, "
-              f"{space.epochs} epochs each (what a user would run without the search)", flush=True)
+              f"{space.epochs} epochs each (what a user would run without the search"
+              f"{'' if fresh else '; reused where this store measured one alike'})", flush=True)
     for label, d in todo:
         cfg = from_dict(TrainConfig, d)
-        s = run_alone(name, uri, cfg, {"parent": parent, TAG_SEARCH: name, TAG_ROLE: "baseline",
-                                       "triaccel.baseline": label, "triaccel.trial_id": f"baseline-{label}",
-                                       "triaccel.values": json.dumps({"mode": "amp", "amp_dtype": d["amp_dtype"],
-                                                                      "batch_size": d["batch_size"],
-                                                                      "capture": d["capture"],
-                                                                      "compile": d["compile"]})}, label)
+        tags = {"parent": parent, TAG_SEARCH: name, TAG_ROLE: "baseline", "triaccel.baseline": label,
+                "triaccel.trial_id": f"baseline-{label}", baseline_cache.KEY_TAG: baseline_cache.reuse_key(cfg),
+                "triaccel.values": json.dumps({"mode": "amp", "amp_dtype": d["amp_dtype"], "batch_size": d["batch_size"],
+                                               "capture": d["capture"], "compile": d["compile"]})}
+        if not fresh and baseline_cache.reuse(c, exp, name, label, cfg, tags, space.epochs) is not None:
+            continue
+        s = run_alone(name, uri, cfg, tags, label)
         if s is not None:
             print(f"baseline {label}: eff {s['efficiency']:.2f}  val {s['val_acc']:.2f}%  "
                   f"{s['epoch_time_last5_s']:.2f}s/epoch  {s['peak_mem_gib']:.3f} GiB", flush=True)
@@ -850,10 +878,12 @@ def _cell(v) -> str:
 
 
 def finish(name: str, space: SearchSpace, uri: str, confirm: int) -> dict:
+    from triaccel.search import baseline_cache
     from triaccel.search.results import fmt, pick
 
     if confirm:
-        confirm_top(name, space, uri, confirm)
+        with phases.timed(uri, name, "confirm"):
+            confirm_top(name, space, uri, confirm)
     o = read_outcome(name, space, uri)
     record_best(name, space, uri, o)
     print(f"\nsearch '{name}': {len(o.ranked)} finished ({len(o.feasible)} feasible), {len(o.stopped)} stopped early, "
@@ -867,6 +897,8 @@ def finish(name: str, space: SearchSpace, uri: str, confirm: int) -> dict:
         r = m["efficiency"] / o.reference["metrics"]["efficiency"]
         print(f"{'base':>5} {b['tags'].get('triaccel.baseline', '?'):>22} {m['efficiency']:8.2f} {r:6.2f} "
               f"{m['val_acc']:6.2f} {'':>6} {m['epoch_time_last5_s']:6.2f} {m['peak_mem_gib']:6.3f}")
+    for line in baseline_cache.reused_lines(o.baselines):  # where a reused baseline's figures came from
+        print(line)
     for i, x in enumerate(o.ranked[:8]):
         m = x.measured
         vals = "  ".join(_cell(x.row["values"].get(k)).rjust(len(k.split(".")[-1][:10])) for k in keys)
@@ -888,8 +920,9 @@ def finish(name: str, space: SearchSpace, uri: str, confirm: int) -> dict:
         pass
     if p is not None and p.kind == "baseline":
         print(f"{p.reason}: `export` writes the static baseline {p.row['tags'].get('triaccel.baseline')}")
+    c, exp = _client(uri)
+    print(phases.words(phases.read(c, exp, name)))
     print(f"export the best: triaccel export {name} --out tuned.yaml    browse: triaccel ui")
-    c, _ = _client(uri)
     c.set_terminated(parent_run(name, space, uri), status="FINISHED")
     best = o.best.row if o.best else None
     return {"finished": len(o.ranked), "feasible": len(o.feasible), "failed": len(o.failed), "trials": o.trials,
@@ -1085,7 +1118,8 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
         "metrics": {k: float(v) for k, v in measured.items() if k in keep},
         "searched": row["values"], "searched_epochs": searched_epochs, "deleted_runs_ignored": o.deleted,
         "space_file": state["source"], "space_sha256": state["sha256"], "search_finished": finished,
-        "exported_at": datetime.datetime.now().isoformat(timespec="seconds"), "git_revision": git_revision()}
+        "exported_at": datetime.datetime.now().isoformat(timespec="seconds"), "git_revision": git_revision(),
+        "device_s_by_phase": phases.read(*_client(uri, write=False), name)}
     if o.reference is not None:
         ref = o.reference["metrics"]
         # a trial's accuracy difference as the rules judged it (the mean of two seeds after a second look)

@@ -1,0 +1,165 @@
+"""Baselines measured once: a static baseline another search already trained is reused, not re-trained.
+
+A baseline run carries ``triaccel.baseline_key``: a hash of everything that decides its figures --
+the resolved training config (model, data, epochs, seed, dtype, batch, capture, compile, optimizer,
+every key but tracking, names and the exported provenance), the device model (the GPU's name, or
+'cpu' with the CPU's model and torch's thread count), and the torch, CUDA and project versions (the
+package version and git revision, or a hash of the package source where the tree has no clean
+revision). A new search looks in its MLflow store for a FINISHED baseline run of the same key that
+reached its epochs, and logs a child run of its own that copies the source's params and every
+metric's history, tagged ``triaccel.reused_from`` (the run first trained), ``..._search`` and
+``..._date``: the rules, the summary and the UI read it as a baseline trained today. The store is
+the one source of truth; ``--fresh-baselines`` trains them again.
+"""
+from __future__ import annotations
+
+import datetime
+import functools
+import hashlib
+import json
+import platform
+from pathlib import Path
+
+KEY_TAG = "triaccel.baseline_key"
+REUSED_FROM, REUSED_SEARCH, REUSED_DATE = "triaccel.reused_from", "triaccel.reused_from_search", "triaccel.reused_from_date"
+# settings that name or record a run without changing what it measures
+NOT_TRAINING = ("tracking", "provenance", "evaluate_test")
+
+
+def settings(cfg) -> dict:
+    """The resolved config as training sees it, less the keys that do not change its figures."""
+    from triaccel.config import to_dict
+
+    d = to_dict(cfg)
+    for k in NOT_TRAINING:
+        d.pop(k, None)
+    return d
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_model(device: str) -> str:
+    """The device a config trains on, by model: the GPU's name, or cpu with its model and threads."""
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and torch.cuda.is_available():
+        idx = int(device.split(":", 1)[1]) if ":" in device else torch.cuda.current_device()
+        return f"cuda:{torch.cuda.get_device_name(idx)}"
+    return f"cpu:{_cpu_model()}:threads={torch.get_num_threads()}"
+
+
+@functools.lru_cache(maxsize=1)
+def source_hash() -> str:
+    """A hash of the installed package's Python and kernel sources (its code, whatever git says)."""
+    import triaccel
+    import triaccel.kernels
+    import triaccel.search
+
+    h = hashlib.sha256()
+    for pkg in (triaccel, triaccel.search, triaccel.kernels):
+        root = Path(pkg.__file__).resolve().parent
+        for p in sorted(root.glob("*.py")) + sorted(root.glob("*/*.py")):
+            h.update(str(p.relative_to(root)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=1)
+def versions() -> dict:
+    import torch
+
+    from triaccel import __version__
+    from triaccel.tracking import git_revision
+
+    rev = git_revision()
+    out = {"torch": torch.__version__, "cuda": torch.version.cuda or "none", "triaccel": __version__}
+    # a clean checkout is named by its revision; a modified or unversioned tree by its code
+    out["code"] = rev if not (rev.endswith("-dirty") or rev.startswith("release-")) else f"src-{source_hash()}"
+    return out
+
+
+def reuse_key(cfg) -> str:
+    """The hash two baseline runs share exactly when one's figures stand for the other's."""
+    doc = {"settings": settings(cfg), "device": device_model(cfg.device), **versions()}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def find_source(c, exp: str, key: str, search: str, epochs: int) -> dict | None:
+    """The newest finished, complete baseline run of ``key`` in another search, as a plain row."""
+    from triaccel.search.results import is_complete
+
+    runs = c.search_runs([exp], filter_string=f"tags.`{KEY_TAG}` = '{key}' and tags.`triaccel.role` = 'baseline' "
+                                              f"and attributes.status = 'FINISHED'",
+                         order_by=["attributes.start_time DESC"], max_results=50)
+    for r in runs:
+        if r.data.tags.get("triaccel.search") == search:
+            continue
+        row = {"run_id": r.info.run_id, "status": r.info.status, "metrics": dict(r.data.metrics),
+               "tags": dict(r.data.tags), "params": dict(r.data.params), "start_time": r.info.start_time}
+        if is_complete(row, epochs):
+            return row
+    return None
+
+
+def origin(src: dict) -> tuple[str, str, str]:
+    """(run id, search, date) of the run that trained the figures (a reused run points at its own source)."""
+    t = src["tags"]
+    if t.get(REUSED_FROM):
+        return t[REUSED_FROM], t.get(REUSED_SEARCH, "?"), t.get(REUSED_DATE, "?")
+    date = datetime.datetime.fromtimestamp(src["start_time"] / 1000).isoformat(timespec="seconds")
+    return src["run_id"], t.get("triaccel.search", "?"), date
+
+
+def copy_run(c, exp: str, src: dict, tags: dict, run_name: str) -> str:
+    """A new FINISHED run holding ``src``'s params and every metric's full history, with ``tags``."""
+    from mlflow.entities import Metric, Param
+
+    keep = {k: v for k, v in src["tags"].items() if k in ("device", "mode", "mem_source", "git_revision")}
+    run = c.create_run(exp, run_name=run_name, tags={**keep, **tags})
+    rid = run.info.run_id
+    params = [Param(k, v) for k, v in src["params"].items()]
+    for i in range(0, len(params), 100):
+        c.log_batch(rid, params=params[i:i + 100])
+    hist = [Metric(m.key, m.value, m.timestamp, m.step) for k in src["metrics"]
+            for m in c.get_metric_history(src["run_id"], k)]
+    for i in range(0, len(hist), 1000):
+        c.log_batch(rid, metrics=hist[i:i + 1000])
+    c.set_terminated(rid, status="FINISHED")
+    return rid
+
+
+def reuse(c, exp: str, search: str, label: str, cfg, tags: dict, epochs: int) -> dict | None:
+    """Log ``label`` of ``search`` as a copy of a matching earlier baseline; its metrics, or None
+    where the store holds none. ``tags``: the baseline run's own tags (parent, role, label...)."""
+    src = find_source(c, exp, tags[KEY_TAG], search, epochs)
+    if src is None:
+        return None
+    rid, where, date = origin(src)
+    tags = {**{k: v for k, v in tags.items() if k != "parent"}, "mlflow.parentRunId": tags["parent"],
+            REUSED_FROM: rid, REUSED_SEARCH: where, REUSED_DATE: date}
+    copy_run(c, exp, src, tags, f"{search}-{label}")
+    print(f"baseline {label}: reused from search '{where}' run {rid} ({date}); same settings, device and "
+          f"versions (--fresh-baselines trains it again)", flush=True)
+    return src["metrics"]
+
+
+def reused_lines(baselines: list[dict]) -> list[str]:
+    """The summary's word on each reused baseline: where its figures came from."""
+    return [f"  base {b['tags'].get('triaccel.baseline', '?')}: reused from search "
+            f"'{b['tags'].get(REUSED_SEARCH, '?')}' run {b['tags'][REUSED_FROM]} ({b['tags'].get(REUSED_DATE, '?')})"
+            for b in baselines if b["tags"].get(REUSED_FROM)]
+
+
+def is_reused(row: dict) -> bool:
+    return bool(row.get("tags", {}).get(REUSED_FROM))
+

@@ -1,0 +1,120 @@
+"""``triaccel extend NAME --trials N``: a finished search gets N more trials.
+
+The new trials run as a Tune run of their own (Tune's folder ``<tune>/NAME/extend-<i>``) whose
+Optuna study holds every earlier trial of the search before it suggests the first new one:
+each finished trial as a COMPLETE trial with its params (in Optuna's names, ``space.sampled``),
+the space's distributions, the value(s) Tune reported to Optuna (efficiency, or the Pareto
+metrics) and its accuracy constraint; each failed one as FAIL. Its trials log to the same MLflow
+search, so the rules, the summary and ``export`` rank them with the earlier ones. The sampler's
+seed moves on by the number of earlier trials (the random sampler would otherwise propose the
+first search's points again). How many completed trials the study held at its first suggestion
+is kept on the parent run (metric ``extend_seen_trials``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+from triaccel.errors import ConfigError, Interrupted
+
+TRIALS_VALUE = {"efficiency": ("efficiency",), "pareto": ("val_acc", "epoch_time_last5_s", "peak_mem_gib")}
+
+
+def earlier_trials(rows: list[dict], space) -> list:
+    """The search's trial rows as Optuna trials (runs cut short, KILLED or RUNNING, left out)."""
+    from optuna.trial import TrialState, create_trial
+
+    dists = space.optuna_distributions()
+    keys = TRIALS_VALUE[space.objective]
+    out = []
+    for r in rows:
+        if r["status"] not in ("FINISHED", "FAILED") or set(space.params) - set(r["values"]):
+            continue
+        params = {k: v for k, v in space.sampled({k: r["values"][k] for k in space.params}).items() if k in dists}
+        vals = [r["metrics"].get(k) for k in keys]
+        done = r["status"] == "FINISHED" and all(v is not None and math.isfinite(v) for v in vals)
+        attrs = {}
+        if done and r["metrics"].get("acc_constraint") is not None:
+            attrs["constraints:accuracy"] = float(r["metrics"]["acc_constraint"])
+        try:
+            out.append(create_trial(params=params, distributions={k: dists[k] for k in params},
+                                    values=vals if done else None, system_attrs=attrs,
+                                    state=TrialState.COMPLETE if done else TrialState.FAIL))
+        except ValueError:  # a value outside the space (edited since?): not a point this study can hold
+            continue
+    return out
+
+
+def next_dir(root):
+    i = 1
+    while (root / f"extend-{i}").exists():
+        i += 1
+    return root / f"extend-{i}"
+
+
+def check_can_extend(name: str, trials: int, state: dict) -> str:
+    """The search's store, once the options and the search are known fit to extend; nothing written."""
+    from triaccel.search.runner import search_finished, sqlite_path, state_store, tune_root
+    from triaccel.search.space import MAX_TRIALS
+
+    if not 1 <= trials <= MAX_TRIALS:
+        raise ConfigError(f"--trials: invalid value {trials} (must be in [1, {MAX_TRIALS}])")
+    uri = state_store(state)
+    if uri.startswith("sqlite:///") and not sqlite_path(uri).is_file():
+        raise ConfigError(f"search '{name}': its MLflow store {sqlite_path(uri)} is gone (moved or deleted)")
+    if not os.access(tune_root() / name, os.W_OK | os.X_OK):
+        raise ConfigError(f"{tune_root() / name}: cannot write there (a read-only disk or no permission)")
+    finished = search_finished(name, uri)
+    if finished is not True:
+        why = "no parent run in its store" if finished is None else "stopped or still running"
+        raise ConfigError(f"search '{name}' has not finished ({why}): `triaccel resume {name}` finishes it; "
+                          f"extend it then")
+    return uri
+
+
+def extend_search(name: str, trials: int, address: str | None = None, confirm: int | None = None) -> dict:
+    from triaccel.search import phases
+    from triaccel.search.results import trial_table
+    from triaccel.search.runner import (_check_confirm, _client, _init_ray, _searcher, _tuner, bounded_http_retries,
+                                        check_address, default_confirm, finish, interruptible, on_gpu, own_signals,
+                                        parse_space, quiet_tune_failures, read_state, run_baselines, tune_root)
+    from triaccel.tracking import log_metrics
+
+    state = read_state(name)
+    _check_confirm(confirm)
+    space = parse_space(state["space"], source=state["source"], sha256=state["sha256"])
+    bounded_http_retries()
+    uri = check_can_extend(name, trials, state)
+    check_address(address or state.get("address"))
+    c, exp = _client(uri)
+    rows = trial_table(c, exp, name)
+    seeds = earlier_trials(rows, space)
+    more = dataclasses.replace(space, trials=trials, start=[], seed=(space.seed + len(rows)) % 2**32)
+    tune_dir = next_dir(tune_root() / name)
+    print(f"triaccel extend '{name}': {trials} more trials; the sampler starts from its {len(seeds)} earlier "
+          f"trials; Tune state in {tune_dir}", flush=True)
+    with interruptible(name, uri):
+        ref_curve = run_baselines(name, space, uri, state["shared"])  # finished already: read, not trained
+        _init_ray(address or state.get("address"))
+        quiet_tune_failures()
+        searcher = _searcher(more, seeds)
+        with own_signals(), phases.timed(uri, name, "trials"):
+            _tuner(more, name, uri, state["shared"], ref_curve, searcher=searcher, tune_dir=tune_dir).fit()
+        seen = searcher.searcher.seen_before_first
+        parent = next(iter(c.search_runs([exp], filter_string=f"tags.`triaccel.search` = '{name}' and "
+                                                             f"tags.`triaccel.role` = 'parent'", max_results=1)))
+        if seen is not None:
+            log_metrics(c, parent.info.run_id, {"extend_seen_trials": seen}, step=int(tune_dir.name.split("-")[1]))
+        left = _left(tune_dir, trials)
+        if left:
+            raise Interrupted(f"{left} of the {trials} added trials left; `triaccel extend {name}` adds more")
+        return finish(name, space, uri, default_confirm(confirm, state["shared"], on_gpu(space)))
+
+
+def _left(tune_dir, planned: int) -> int:
+    from ray.tune import ExperimentAnalysis
+
+    if not any(tune_dir.glob("experiment_state-*.json")):
+        return planned
+    return max(0, planned - sum(t.status in ("TERMINATED", "ERROR") for t in ExperimentAnalysis(str(tune_dir)).trials))

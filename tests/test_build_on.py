@@ -1,0 +1,221 @@
+"""Searches that build on earlier ones: baselines measured once, phase times, warm starts, extend, --storage.
+
+Real parts throughout: a real sqlite MLflow store, real training on the digits set, real Optuna;
+the end-to-end tests run the CLI with real local Ray.
+"""
+import copy
+import json
+
+import pytest
+
+from conftest import small_cfg
+
+SPACE = {
+    "name": "b", "objective": "efficiency", "trials": 3, "concurrency": 2, "scheduler": "none",
+    "sampler": "random", "seed": 5,
+    "baseline": {"batch_sizes": [64], "accuracy_margin": 100.0},
+    "train": {"mode": "triaccel", "epochs": 2, "batch_size": 64, "device": "cpu",
+              "data": {"name": "digits", "val_fraction": 0.15, "crop_padding": 1},
+              "model": {"name": "small_cnn", "width": 8}, "optim": {"lr": 0.05, "warmup_epochs": 1},
+              "eval_batch_size": 512,
+              "triaccel": {"control_every": 5, "curvature": {"method": "fisher", "every": 10},
+                           "batch": {"budget_gb": 0.004, "min_batch": 16}}},
+    "params": {
+        "triaccel.precision.tau_low": {"distribution": "loguniform", "low": 1e-8, "high": 1e-4},
+        "triaccel.precision.tau_high": {"distribution": "loguniform", "low": 1e-6, "high": 1e-1,
+                                        "above": "triaccel.precision.tau_low"},
+        "triaccel.batch.rho_low": {"distribution": "uniform", "low": 0.3, "high": 0.7},
+    },
+}
+
+
+# --------------------------------------------------------------------------- baselines measured once
+def test_reuse_key_follows_training_settings_not_names():
+    from triaccel.search.baseline_cache import reuse_key
+
+    base = reuse_key(small_cfg())
+    assert reuse_key(small_cfg(**{"tracking.run_name": "other", "tracking.experiment": "x"})) == base
+    assert reuse_key(small_cfg(evaluate_test=True)) == base
+    for change in ({"epochs": 3}, {"seed": 1}, {"batch_size": 32}, {"optim.lr": 0.1}, {"model.width": 16},
+                   {"data.val_fraction": 0.2}, {"mode": "amp"}):
+        assert reuse_key(small_cfg(**change)) != base, change
+
+
+def test_reuse_key_follows_device_and_versions(monkeypatch):
+    from triaccel.search import baseline_cache
+
+    base = baseline_cache.reuse_key(small_cfg())
+    monkeypatch.setattr(baseline_cache, "device_model", lambda device: "cuda:NVIDIA H200")
+    assert baseline_cache.reuse_key(small_cfg()) != base
+    monkeypatch.undo()
+    real = baseline_cache.versions()
+    monkeypatch.setattr(baseline_cache, "versions", lambda: {**real, "torch": "0.0.1"})
+    assert baseline_cache.reuse_key(small_cfg()) != base
+
+
+def _runs(uri, name, role="baseline"):
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=uri)
+    exp = c.get_experiment_by_name("triaccel-search")
+    return c, c.search_runs([exp.experiment_id], filter_string=f"tags.`triaccel.search` = '{name}' and "
+                                                               f"tags.`triaccel.role` = '{role}'")
+
+
+@pytest.mark.slow
+def test_a_second_search_reuses_the_baseline_and_fresh_trains_it(tmp_store, capsys):
+    """run_baselines as a search calls it, three searches of one space in one store."""
+    from triaccel.search.baseline_cache import KEY_TAG, REUSED_FROM, REUSED_SEARCH
+    from triaccel.search.runner import run_baselines
+    from triaccel.search.space import parse_space
+
+    space = parse_space(copy.deepcopy(SPACE))
+    first = run_baselines("s1", space, tmp_store, 1)
+    c, (b1,) = _runs(tmp_store, "s1")
+    assert REUSED_FROM not in b1.data.tags and b1.data.tags[KEY_TAG]
+    capsys.readouterr()
+
+    second = run_baselines("s2", space, tmp_store, 1)
+    _, (b2,) = _runs(tmp_store, "s2")
+    assert b2.data.tags[REUSED_FROM] == b1.info.run_id and b2.data.tags[REUSED_SEARCH] == "s1"
+    assert b2.data.tags[KEY_TAG] == b1.data.tags[KEY_TAG]
+    assert b2.data.metrics == b1.data.metrics and second == first  # the reference curve too
+    assert b2.data.params == b1.data.params and b2.info.status == "FINISHED"
+    assert b2.data.tags["mlflow.parentRunId"] != b1.data.tags["mlflow.parentRunId"]
+    assert f"reused from search 's1' run {b1.info.run_id}" in capsys.readouterr().out
+
+    # a copy of a copy names the run that trained the figures
+    run_baselines("s3", space, tmp_store, 1)
+    _, (b3,) = _runs(tmp_store, "s3")
+    assert b3.data.tags[REUSED_FROM] == b1.info.run_id and b3.data.tags[REUSED_SEARCH] == "s1"
+
+    run_baselines("s4", space, tmp_store, 1, fresh=True)
+    _, (b4,) = _runs(tmp_store, "s4")
+    assert REUSED_FROM not in b4.data.tags
+    assert b4.data.metrics["wall_s"] != b1.data.metrics["wall_s"]  # trained again, timed again
+
+
+def test_a_reused_baseline_costs_the_search_no_device_time():
+    from triaccel.search.results import gpu_seconds
+
+    trained = {"metrics": {"wall_s": 10.0, "gpu_share": 1.0}, "tags": {}}
+    reused = {"metrics": {"wall_s": 10.0, "gpu_share": 1.0}, "tags": {"triaccel.reused_from": "abc"}}
+    assert gpu_seconds([trained, reused]) == 10.0
+
+
+# --------------------------------------------------------------------------- time by phase
+def test_phase_seconds_add_up_on_the_parent_run_across_resumes(tmp_store):
+    from triaccel.search import phases
+    from triaccel.search.runner import _client
+
+    c, exp = _client(tmp_store)
+    phases.add(c, exp, "p", "trials", 5.0)  # no parent run yet: nothing to record it on
+    c.create_run(exp, tags={"triaccel.search": "p", "triaccel.role": "parent"})
+    assert phases.read(c, exp, "p") == {"baselines": 0.0, "trials": 0.0, "confirm": 0.0}
+    phases.add(c, exp, "p", "trials", 5.0)
+    phases.add(c, exp, "p", "trials", 2.5)  # a resume's share
+    with phases.timed(tmp_store, "p", "baselines"):
+        pass
+    got = phases.read(c, exp, "p")
+    assert got["trials"] == 7.5 and 0.0 <= got["baselines"] < 5 and got["confirm"] == 0.0
+    assert phases.read(c, exp, "other") == {"baselines": 0.0, "trials": 0.0, "confirm": 0.0}
+    assert "trials 8 s" in phases.words(got)
+
+
+# --------------------------------------------------------------------------- warm start
+def _other_space():
+    """Another space: rho_low's range narrower, tau_low's range narrower, lr searched, tau_high gone."""
+    s = copy.deepcopy(SPACE)
+    s["params"] = {
+        "triaccel.precision.tau_low": {"distribution": "loguniform", "low": 1e-6, "high": 1e-4},
+        "triaccel.batch.rho_low": {"distribution": "uniform", "low": 0.4, "high": 0.6},
+        "triaccel.batch.rho_high": {"distribution": "uniform", "low": 0.5, "high": 0.95,
+                                    "above": "triaccel.batch.rho_low"},
+        "triaccel.control_every": {"distribution": "int", "low": 4, "high": 10, "step": 2},
+        "optim.lr": {"distribution": "categorical", "choices": [0.05, 0.1]},
+    }
+    from triaccel.search.space import parse_space
+
+    return parse_space(s)
+
+
+def test_a_point_maps_onto_another_space_clipped_or_left_out_and_says_so():
+    from triaccel.search.warmstart import map_point
+
+    space = _other_space()
+    point, notes = map_point({"triaccel.precision.tau_low": 1e-7, "triaccel.precision.tau_high": 0.01,
+                              "triaccel.batch.rho_low": 0.65, "triaccel.batch.rho_high": 0.58,
+                              "triaccel.control_every": 7, "optim.lr": 0.2}, space)
+    assert point == {"triaccel.precision.tau_low": 1e-6, "triaccel.batch.rho_low": 0.6,
+                     "triaccel.control_every": 8}
+    text = "; ".join(notes)
+    assert "not searched here: triaccel.precision.tau_high" in text
+    assert "tau_low 1e-07 clipped to 1e-06" in text and "rho_low 0.65 clipped to 0.6" in text
+    assert "rho_high left out (0.58 not above triaccel.batch.rho_low (0.6))" in text
+    assert "optim.lr left out (0.2 not among the choices)" in text
+    assert "control_every 7 clipped to 8" in text
+    # inside the bounds: kept as it is, nothing said
+    same, quiet = map_point({"triaccel.batch.rho_low": 0.5, "triaccel.batch.rho_high": 0.7, "optim.lr": 0.1}, space)
+    assert same == {"triaccel.batch.rho_low": 0.5, "triaccel.batch.rho_high": 0.7, "optim.lr": 0.1} and not quiet
+    # the mapped point is a valid start point of the new space
+    from triaccel.search.space import parse_space
+
+    raw = dict(space.raw, start=[point, same])
+    assert len(parse_space(raw).start) == 2
+
+
+@pytest.mark.slow
+def test_warm_start_options_are_refused_in_one_line_before_anything_is_written(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "s.yaml").write_text(json.dumps(SPACE))
+    for args, key in ((["--warm-start", "nope"], "--warm-start nope"),
+                      (["--warm-start-k", "2"], "--warm-start-k"),
+                      (["--warm-start", "x", "--warm-start-k", "0"], "--warm-start-k"),
+                      (["--warm-start", "../x"], "--warm-start")):
+        r = subprocess.run([sys.executable, "-m", "triaccel.cli", "search", "--space", "s.yaml", *args],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                           env={**__import__("os").environ, "TRIACCEL_TUNE_DIR": str(tmp_path / "tune"),
+                                "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"})
+        assert r.returncode != 0 and key in r.stderr, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "tune").exists() and not (tmp_path / "m.db").exists()
+
+
+# --------------------------------------------------------------------------- extend
+def _row(i, status="FINISHED", eff=None, **values):
+    v = {"triaccel.precision.tau_low": 1e-6 * (i + 1), "triaccel.precision.tau_high": 1e-3 * (i + 1),
+         "triaccel.batch.rho_low": 0.4 + 0.01 * i, **values}
+    m = {} if eff is None else {"efficiency": eff, "acc_constraint": -1.0}
+    return {"run_id": f"r{i}", "status": status, "values": v, "metrics": m, "trial_id": f"t{i}", "tags": {}}
+
+
+def test_the_extended_study_holds_every_earlier_trial_before_its_first_suggestion():
+    """The searcher as extend builds it, with real Optuna: what the sampler sees is in the study."""
+    import optuna
+
+    from triaccel.search.extend import earlier_trials
+    from triaccel.search.runner import _searcher
+    from triaccel.search.space import FRAC_SUFFIX, parse_space
+
+    space = parse_space(copy.deepcopy(SPACE))
+    rows = [_row(0, eff=10.0), _row(1, eff=12.0), _row(2, status="FAILED"), _row(3, status="KILLED", eff=3.0),
+            _row(4, eff=11.0)]
+    seeds = earlier_trials(rows, space)
+    states = [t.state for t in seeds]
+    C = optuna.trial.TrialState
+    assert states == [C.COMPLETE, C.COMPLETE, C.FAIL, C.COMPLETE]  # the KILLED run cut short: left out
+    assert seeds[1].value == 12.0 and seeds[1].system_attrs["constraints:accuracy"] == -1.0
+    # an ordered key travels as its position above its partner, as the sampler draws it
+    assert set(seeds[0].params) == {"triaccel.precision.tau_low", "triaccel.precision.tau_high" + FRAC_SUFFIX,
+                                    "triaccel.batch.rho_low"}
+    assert space.resolve(seeds[0].params)["triaccel.precision.tau_high"] == pytest.approx(1e-3)
+
+    alg = _searcher(space, seeds).searcher
+    config = alg.suggest("new-1")
+    assert alg.seen_before_first == 3
+    study = alg._ot_study
+    assert len(study.get_trials(states=(C.COMPLETE,))) == 3 and len(study.trials) == 5
+    assert study.best_value == 12.0  # the earlier best, as the sampler models it
+    assert set(space.params) <= set(space.resolve(config))
