@@ -80,7 +80,8 @@ class GPT(nn.Module):
         super().__init__()
         for key, v in (("vocab_size", vocab_size), ("block_size", block_size), ("n_layer", n_layer),
                        ("n_head", n_head), ("n_embd", n_embd)):
-            _check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, key, f"must be an integer >= 1, got {v!r}")
+            _check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, key,
+                   f"must be an integer >= 1, got {v!r}")
         _check(n_embd % n_head == 0, "n_embd", f"must be a multiple of n_head ({n_head}), got {n_embd}")
         _check(isinstance(dropout, (int, float)) and not isinstance(dropout, bool) and 0 <= dropout < 1, "dropout",
                f"must be in [0, 1), got {dropout!r}")
@@ -114,7 +115,8 @@ class GPT(nn.Module):
         T = idx.shape[1]
         if T > self.block_size:
             raise ConfigError(f"{KEY}.block_size: the model has {self.block_size} positions, the data's windows "
-                              f"hold {T} tokens (data.init_args.block_size): make them equal, or leave the model's unset")
+                              f"hold {T} tokens (data.init_args.block_size): make them equal, or leave the "
+                              f"model's unset")
         x = self.drop(self.wte(idx) + self.wpe(self.pos[:T]))
         for block in self.h:
             x = block(x)
