@@ -48,28 +48,29 @@ def git_rev() -> str:
 
 
 def stream(cmd: list, env: dict, cwd: Path, deadline_s: float) -> tuple[int, str, bool]:
-    """Run ``cmd``, echoing its output; SIGTERM it (the CLI stops as on Ctrl-C) once ``deadline_s`` of the
-    bench has passed. (exit code, output tail, stopped for time)."""
+    """Run ``cmd``, echoing its output; SIGTERM it (the CLI stops as on Ctrl-C: runs closed, state saved) once
+    ``deadline_s`` of the bench has passed. (exit code, output tail, stopped for time)."""
+    import threading
+
     p = subprocess.Popen(cmd, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          start_new_session=True)
-    lines, stopped = [], False
-    os.set_blocking(p.stdout.fileno(), False)
-    while True:
-        line = p.stdout.readline()
-        if line:
+    lines: list[str] = []
+
+    def pump():
+        for line in p.stdout:
             print(line, end="", flush=True)
             lines.append(line)
-            continue
-        if p.poll() is not None:
-            rest = p.stdout.read() or ""
-            print(rest, end="", flush=True)
-            lines.append(rest)
-            break
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    stopped = False
+    while p.poll() is None:
         if not stopped and elapsed() > deadline_s:
             print(f"--- search still running at {elapsed():.0f} s: SIGTERM", flush=True)
             os.killpg(p.pid, signal.SIGTERM)
             stopped = True
-        time.sleep(0.2)
+        time.sleep(0.5)
+    reader.join(timeout=10)
     return p.returncode, "".join(lines)[-8000:], stopped
 
 
