@@ -17,8 +17,10 @@ import yaml
 from triaccel.config import to_dict
 from triaccel.trainer import Callback
 
-REPORT_KEYS = ("epoch", "train_loss", "val_acc", "val_loss", "epoch_time_s", "epoch_time_last5_s", "images_per_s",
-               "peak_mem_gib", "efficiency", "batch_size", "micro_batch", "skipped_steps", "oom_events", "lr",
+# val_ppl: a language model's (sequence targets) only
+REPORT_KEYS = ("epoch", "train_loss", "val_acc", "val_loss", "val_ppl", "epoch_time_s", "epoch_time_last5_s",
+               "images_per_s", "peak_mem_gib", "efficiency", "batch_size", "micro_batch", "skipped_steps", "oom_events",
+               "lr",
                "ctrl_windows", "ctrl_fp16_layers", "ctrl_bf16_layers", "ctrl_fp32_layers", "ctrl_lr_scale_min",
                "ctrl_probe_ooms", "captures", "graph_keys", "replays", "capture_s", "graph_pool_gib", "graph_resets",
                "compiled_graphs", "compile_s", "graph_breaks", "compile_disabled")

@@ -25,3 +25,5 @@ def test_wheel_contents(tmp_path):
         assert f"triaccel/spaces/{space.name}" in names
     for cfg in (ROOT / "configs").glob("*.yaml"):
         assert f"triaccel/configs/{cfg.name}" in names
+    # the language model's corpus ships as data of triaccel.zoo, with its notice (no download)
+    assert {"triaccel/zoo/corpora/tinyshakespeare.txt", "triaccel/zoo/corpora/NOTICE.md"} <= set(names)

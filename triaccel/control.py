@@ -232,7 +232,8 @@ class TriAccelLoop(Callback):
             px, py = self.probe_batch
 
             def loss_fn():
-                return F.cross_entropy(tr.model(px).float(), py)
+                out = tr.model(px).float()  # [B, C], or [B, T, V] for a language model: mean over positions
+                return F.cross_entropy(out.reshape(-1, out.shape[-1]), py.reshape(-1))
 
             # every layer at probe_dtype (bf16: tensor-core products; where bf16 is unsupported, the
             # precision runtime's stated fallback)

@@ -205,6 +205,22 @@ def resolve_buckets(cfg: TrainConfig) -> Buckets | None:
     return Buckets((*sizes, *own))
 
 
+def example_loss_sum(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy summed over the examples, each example's loss the mean over its target
+    positions: classification (logits [B, C], targets [B]) and sequences (logits [B, T, V], targets
+    [B, T]: a language model's next tokens) alike. Divided by the example count it is the mean loss
+    per position, so the trainer's exact accumulation (per-example sums over the window's examples)
+    holds for both."""
+    loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="sum")
+    return loss if y.dim() == 1 else loss / y[0].numel()
+
+
+def correct_count(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Target positions where the arg-max logit is the target: top-1 accuracy's numerator, per
+    image for a classifier, per next token for a language model (divide by ``y.numel()``)."""
+    return (out.argmax(-1) == y).sum()
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -496,6 +512,7 @@ class Trainer:
         if not math.isfinite(train_loss):
             raise Diverged(f"train loss is {train_loss} in epoch {self.epoch + 1}")
         val_acc, val_loss = self.evaluate(self.val_data)
+        lm = self.positions_per_example > 1  # sequence targets: accuracy and loss are per next token
         m = {"epoch": self.epoch + 1, "train_loss": train_loss, "val_acc": val_acc, "val_loss": val_loss,
              "epoch_time_s": epoch_time, "images_per_s": n_seen / epoch_time, "steps": steps,
              "skipped_steps": skipped, "examples": n_seen, "batch_size": self.batch_size,
@@ -503,6 +520,8 @@ class Trainer:
              "loss_scale": self.scaler.get_scale() if self.scaler.is_enabled() else 1.0,
              "oom_events": self.oom_events}
         m.update(mem)
+        if lm:  # a language model's usual figure: exp(mean next-token loss in nats)
+            m["val_ppl"] = math.exp(min(val_loss, 700.0))
         if self.graphs is not None:  # counts so far; capture_s is inside epoch_time_s, reported apart too
             m.update(self.graphs.stats())
         if self.compiled is not None:  # likewise compile_s
@@ -624,7 +643,7 @@ class Trainer:
         def body(x, y, n_):  # one micro-batch; ``n_`` is the window's size (a device scalar when captured)
             with self.meter.track_forward(), self.autocast():
                 out = forward(x)
-                loss = F.cross_entropy(out.float(), y, reduction="sum")
+                loss = example_loss_sum(out.float(), y)
             scaled = loss / n_  # the window's real example count: exact accumulation
             (self.scaler.scale(scaled) if use_scaler else scaled).backward()
             return loss.detach()
@@ -683,6 +702,7 @@ class Trainer:
         self.model.eval()
         correct = torch.zeros((), device=self.device, dtype=torch.long)
         loss = torch.zeros((), device=self.device)
+        positions = 0  # target positions scored: one per image, T per language-model window
         bs = self.cfg.eval_batch_size
         if pad is None:
             pad = self.device.type == "cuda" and torch.backends.cudnn.benchmark
@@ -695,11 +715,13 @@ class Trainer:
             with self.autocast():
                 out = self.model(x).float()[:k]
             y = y[:k]
-            loss += F.cross_entropy(out, y, reduction="sum")
-            correct += (out.argmax(1) == y).sum()
+            loss += example_loss_sum(out, y)
+            correct += correct_count(out, y)
+            positions += y.numel()
         self.model.train(was_training)
         n = max(1, len(data))
-        return 100.0 * float(correct) / n, float(loss) / n
+        self.positions_per_example = positions / n if positions else 1
+        return 100.0 * float(correct) / max(1, positions), float(loss) / n
 
     # ================================================================== results
     def summary(self) -> dict:
