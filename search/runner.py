@@ -373,7 +373,7 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     shared = shared_trials(space)
     state = {"name": name, "space": space.raw, "source": space.source, "sha256": space.sha256, "tracking_uri": uri,
              "address": address, "created": datetime.datetime.now().isoformat(timespec="seconds"), "shared": shared,
-             "controller_defaults": CONTROLLER_DEFAULTS}
+             "controller_defaults": CONTROLLER_DEFAULTS, "fresh_baselines": fresh_baselines}
     made = not path.exists()
     tmp = path / f".{STATE_FILE}.{os.getpid()}.tmp"
     try:
@@ -518,7 +518,8 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
                                           "Tune saved no trial yet: starting the trials"), flush=True)
     with interruptible(name, uri):
         with phases.timed(uri, name, "baselines"):
-            ref_curve = run_baselines(name, space, uri, state["shared"])  # those not finished before
+            ref_curve = run_baselines(name, space, uri, state["shared"],  # those not finished before
+                                      fresh=bool(state.get("fresh_baselines")))
         _init_ray(address or state.get("address"))
         quiet_tune_failures()
         if restore:
