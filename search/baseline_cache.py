@@ -21,7 +21,8 @@ import platform
 from pathlib import Path
 
 KEY_TAG = "triaccel.baseline_key"
-REUSED_FROM, REUSED_SEARCH, REUSED_DATE = "triaccel.reused_from", "triaccel.reused_from_search", "triaccel.reused_from_date"
+REUSED_FROM = "triaccel.reused_from"
+REUSED_SEARCH, REUSED_DATE = "triaccel.reused_from_search", "triaccel.reused_from_date"
 # settings that name or record a run without changing what it measures
 NOT_TRAINING = ("tracking", "provenance", "evaluate_test")
 

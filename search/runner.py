@@ -1,8 +1,9 @@
 """Launching, resuming, confirming and exporting searches.
 
-Layout under the store (default ``mlruns/``):
+Layout under the store (default ``mlruns/``; ``--storage`` or TRIACCEL_TUNE_DIR moves ``mlruns/tune``):
     mlruns/tune/<name>/                 Ray Tune's experiment state (what ``resume`` restores)
     mlruns/tune/<name>/triaccel_search.json   the validated space and options of the search
+    mlruns/tune/<name>/extend-<i>/      the Tune run of ``triaccel extend`` number i (search.extend)
     mlruns/mlflow.db, mlruns/artifacts  MLflow (unless MLFLOW_TRACKING_URI says otherwise)
 """
 from __future__ import annotations
