@@ -161,6 +161,10 @@ def reused_lines(baselines: list[dict]) -> list[str]:
             for b in baselines if b["tags"].get(REUSED_FROM)]
 
 
-def is_reused(row: dict) -> bool:
-    return bool(row.get("tags", {}).get(REUSED_FROM))
+def provenance(row: dict) -> dict:
+    """For an export's provenance: where a reused reference baseline's figures were measured."""
+    t = row.get("tags", {})
+    if not t.get(REUSED_FROM):
+        return {}
+    return {"reused_from": {"mlflow_run_id": t[REUSED_FROM], "search": t.get(REUSED_SEARCH), "date": t.get(REUSED_DATE)}}
 

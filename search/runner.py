@@ -1073,6 +1073,7 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
     scored (its budget, often short) unless ``epochs`` sets the production length: the lr
     schedule stretches to it, warm-up epochs stay as searched."""
     from triaccel.config import TrainConfig, from_dict, to_dict
+    from triaccel.search import baseline_cache
     from triaccel.search.results import gpu_seconds, payback, pick, trade
     from triaccel.tracking import git_revision
 
@@ -1129,6 +1130,7 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
             if chosen.kind == "trial" else None
         prov["baseline"] = {
             "run": o.reference["tags"].get("triaccel.baseline"), "mlflow_run_id": o.reference["run_id"],
+            **baseline_cache.provenance(o.reference),
             "metrics": {k: float(v) for k, v in ref.items() if k in keep},
             "ratio": measured["efficiency"] / ref["efficiency"],
             "val_acc_diff_pp": measured["val_acc"] - ref["val_acc"] if ranked is None else ranked.gap,

@@ -278,6 +278,14 @@ def test_the_second_search_trains_no_baseline(built_on):
     out = built_on["b"].stdout
     assert f"reused from search 'a' run {ba.info.run_id}" in out
     assert "baselines:" in out and "time by phase" in out
+    r = _cli("export", "b", "--out", str(built_on["root"] / "b.yaml"), "--storage", str(built_on["storage"]),
+             cwd=built_on["d1"], store=store)
+    assert r.returncode == 0, _said(r)
+    import yaml
+
+    prov = yaml.safe_load((built_on["root"] / "b.yaml").read_text())["provenance"]
+    assert prov["baseline"]["reused_from"]["mlflow_run_id"] == ba.info.run_id
+    assert prov["baseline"]["reused_from"]["search"] == "a"
 
 
 @pytest.mark.slow
