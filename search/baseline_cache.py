@@ -21,7 +21,8 @@ import platform
 from pathlib import Path
 
 KEY_TAG = "triaccel.baseline_key"
-REUSED_FROM, REUSED_SEARCH, REUSED_DATE = "triaccel.reused_from", "triaccel.reused_from_search", "triaccel.reused_from_date"
+REUSED_FROM = "triaccel.reused_from"
+REUSED_SEARCH, REUSED_DATE = "triaccel.reused_from_search", "triaccel.reused_from_date"
 # settings that name or record a run without changing what it measures
 NOT_TRAINING = ("tracking", "provenance", "evaluate_test")
 
@@ -160,6 +161,10 @@ def reused_lines(baselines: list[dict]) -> list[str]:
             for b in baselines if b["tags"].get(REUSED_FROM)]
 
 
-def is_reused(row: dict) -> bool:
-    return bool(row.get("tags", {}).get(REUSED_FROM))
+def provenance(row: dict) -> dict:
+    """For an export's provenance: where a reused reference baseline's figures were measured."""
+    t = row.get("tags", {})
+    if not t.get(REUSED_FROM):
+        return {}
+    return {"reused_from": {"mlflow_run_id": t[REUSED_FROM], "search": t.get(REUSED_SEARCH), "date": t.get(REUSED_DATE)}}
 

@@ -7,8 +7,11 @@ from __future__ import annotations
 import os
 import sys
 
+from triaccel.search.storage import use_storage
+
 
 def cmd_search(args) -> int:
+    use_storage(args.storage)
     from triaccel.search.runner import run_search
 
     run_search(args.space, name=args.name, trials=args.trials, concurrency=args.concurrency,
@@ -18,6 +21,7 @@ def cmd_search(args) -> int:
 
 
 def cmd_resume(args) -> int:
+    use_storage(args.storage)
     from triaccel.search.runner import resume_search
 
     resume_search(args.name, address=args.address, confirm=args.confirm)
@@ -25,6 +29,7 @@ def cmd_resume(args) -> int:
 
 
 def cmd_extend(args) -> int:
+    use_storage(args.storage)
     from triaccel.search.extend import extend_search
 
     extend_search(args.name, args.trials, address=args.address, confirm=args.confirm)
@@ -32,6 +37,7 @@ def cmd_extend(args) -> int:
 
 
 def cmd_export(args) -> int:
+    use_storage(args.storage)
     from triaccel.search.runner import export
 
     import yaml
@@ -64,6 +70,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_searches(args) -> int:
+    use_storage(args.storage)
     from triaccel.search.runner import list_searches, tune_root
 
     rows = list_searches()
@@ -134,6 +141,7 @@ def cmd_ui(args) -> int:
     os.execv(sys.executable, cmd)
 
 
+STORAGE_HELP = "folder (or file:// URI) holding the searches' Tune state (default mlruns/tune, or TRIACCEL_TUNE_DIR)"
 ADDRESS_EMPTY = "an empty address; give HOST:PORT, ray://HOST:PORT or auto, or leave --address out"
 
 
@@ -153,16 +161,19 @@ def add_commands(sub, once) -> None:
     s.add_argument("--fresh-baselines", action="store_true",
                    help="train the static baselines again, even where the store holds ones measured with the same "
                         "settings, device and versions (reused by default)")
-    s.add_argument("--warm-start", action=once, metavar="NAME", empty="an empty name; give an earlier search's name",
+    s.add_argument("--warm-start", action=once, metavar="NAME",
+                   empty="an empty name; give an earlier search's name",
                    help="start from the best feasible trials of an earlier search (their keys this space searches, "
                         "clipped to its bounds), run first as start points")
     s.add_argument("--warm-start-k", type=int, metavar="K", help="how many of its best trials (default 3)")
+    s.add_argument("--storage", action=once, metavar="PATH_OR_URI", help=STORAGE_HELP)
     s.set_defaults(func=cmd_search)
 
     r = sub.add_parser("resume", help="continue an interrupted search")
     r.add_argument("name")
     r.add_argument("--address", action=once, empty=ADDRESS_EMPTY)
     r.add_argument("--confirm", type=int, default=None, metavar="K", help="as for search")
+    r.add_argument("--storage", action=once, metavar="PATH_OR_URI", help=STORAGE_HELP)
     r.set_defaults(func=cmd_resume)
 
     x = sub.add_parser("extend", help="give a finished search more trials; the sampler sees every earlier one")
@@ -170,6 +181,7 @@ def add_commands(sub, once) -> None:
     x.add_argument("--trials", type=int, required=True, help="how many trials to add")
     x.add_argument("--address", action=once, empty=ADDRESS_EMPTY)
     x.add_argument("--confirm", type=int, default=None, metavar="K", help="as for search")
+    x.add_argument("--storage", action=once, metavar="PATH_OR_URI", help=STORAGE_HELP)
     x.set_defaults(func=cmd_extend)
 
     e = sub.add_parser("export", help="write the tuned config of a search as a training YAML")
@@ -179,9 +191,11 @@ def add_commands(sub, once) -> None:
     e.add_argument("--force", action="store_true", help="replace --out if it exists")
     e.add_argument("--epochs", type=int, help="epochs of the exported config (default: the search's budget, "
                                               "often short; the lr schedule stretches to it)")
+    e.add_argument("--storage", action=once, metavar="PATH_OR_URI", help=STORAGE_HELP)
     e.set_defaults(func=cmd_export)
 
     ls = sub.add_parser("searches", help="list past searches")
+    ls.add_argument("--storage", action=once, metavar="PATH_OR_URI", help=STORAGE_HELP)
     ls.set_defaults(func=cmd_searches)
 
     u = sub.add_parser("ui", help="serve the MLflow UI on 127.0.0.1")

@@ -1,8 +1,9 @@
 """Launching, resuming, confirming and exporting searches.
 
-Layout under the store (default ``mlruns/``):
+Layout under the store (default ``mlruns/``; ``--storage`` or TRIACCEL_TUNE_DIR moves ``mlruns/tune``):
     mlruns/tune/<name>/                 Ray Tune's experiment state (what ``resume`` restores)
     mlruns/tune/<name>/triaccel_search.json   the validated space and options of the search
+    mlruns/tune/<name>/extend-<i>/      the Tune run of ``triaccel extend`` number i (search.extend)
     mlruns/mlflow.db, mlruns/artifacts  MLflow (unless MLFLOW_TRACKING_URI says otherwise)
 """
 from __future__ import annotations
@@ -373,7 +374,7 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     shared = shared_trials(space)
     state = {"name": name, "space": space.raw, "source": space.source, "sha256": space.sha256, "tracking_uri": uri,
              "address": address, "created": datetime.datetime.now().isoformat(timespec="seconds"), "shared": shared,
-             "controller_defaults": CONTROLLER_DEFAULTS}
+             "controller_defaults": CONTROLLER_DEFAULTS, "fresh_baselines": fresh_baselines}
     made = not path.exists()
     tmp = path / f".{STATE_FILE}.{os.getpid()}.tmp"
     try:
@@ -518,7 +519,8 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
                                           "Tune saved no trial yet: starting the trials"), flush=True)
     with interruptible(name, uri):
         with phases.timed(uri, name, "baselines"):
-            ref_curve = run_baselines(name, space, uri, state["shared"])  # those not finished before
+            ref_curve = run_baselines(name, space, uri, state["shared"],  # those not finished before
+                                      fresh=bool(state.get("fresh_baselines")))
         _init_ray(address or state.get("address"))
         quiet_tune_failures()
         if restore:
@@ -1071,6 +1073,7 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
     scored (its budget, often short) unless ``epochs`` sets the production length: the lr
     schedule stretches to it, warm-up epochs stay as searched."""
     from triaccel.config import TrainConfig, from_dict, to_dict
+    from triaccel.search import baseline_cache
     from triaccel.search.results import gpu_seconds, payback, pick, trade
     from triaccel.tracking import git_revision
 
@@ -1127,6 +1130,7 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
             if chosen.kind == "trial" else None
         prov["baseline"] = {
             "run": o.reference["tags"].get("triaccel.baseline"), "mlflow_run_id": o.reference["run_id"],
+            **baseline_cache.provenance(o.reference),
             "metrics": {k: float(v) for k, v in ref.items() if k in keep},
             "ratio": measured["efficiency"] / ref["efficiency"],
             "val_acc_diff_pp": measured["val_acc"] - ref["val_acc"] if ranked is None else ranked.gap,

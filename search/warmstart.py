@@ -11,7 +11,9 @@ space, so ``resume`` runs them too. Across spaces only the keys both search surv
 - an ordered key (``above: OTHER``) no longer above its partner after clipping is left out.
 
 A point that keeps no key, or repeats one already to run, is dropped. Every point changed or
-dropped is one line on stderr naming the source trial and what happened to it.
+dropped is one line on stderr naming the source trial and what happened to it. The sampler's
+seed moves on by the earlier search's trial count, so a search of the same space does not draw
+the earlier one's points again.
 """
 from __future__ import annotations
 
@@ -63,8 +65,8 @@ def map_point(values: dict, space: SearchSpace) -> tuple[dict, list[str]]:
     return point, notes
 
 
-def best_rows(name: str, k: int) -> list[dict]:
-    """The earlier search's top ``k`` feasible trials (best measured efficiency first)."""
+def best_rows(name: str, k: int) -> tuple[list[dict], int]:
+    """The earlier search's top ``k`` feasible trials (best measured efficiency first), and its trial count."""
     from triaccel.search.runner import _client, read_outcome, read_state, state_store
 
     try:
@@ -74,14 +76,15 @@ def best_rows(name: str, k: int) -> list[dict]:
     old = parse_space(state["space"], source=state["source"], sha256=state["sha256"])
     uri = state_store(state)
     _client(uri, write=False)
-    return [x.row for x in read_outcome(name, old, uri).feasible[:k]]
+    o = read_outcome(name, old, uri)
+    return [x.row for x in o.feasible[:k]], o.trials
 
 
 def warm_start(space: SearchSpace, name: str, k: int) -> SearchSpace:
     """``space`` with the earlier search's best points appended to its start points, validated again."""
     if k < 1:
         raise ConfigError(f"--warm-start-k: invalid value {k} (a number of trials, >= 1)")
-    rows = best_rows(name, k)
+    rows, trials = best_rows(name, k)
     if not rows:
         raise ConfigError(f"--warm-start {name}: that search has no feasible finished trial to start from")
     raw = dict(space.raw)
@@ -101,5 +104,9 @@ def warm_start(space: SearchSpace, name: str, k: int) -> SearchSpace:
         starts.append(point)
         added += 1
     raw["start"] = starts
-    print(f"warm start: {added} of the best {len(rows)} feasible trials of search '{name}' run first", flush=True)
+    # the sampler's seed moves on by the earlier search's trials: with the same space and seed the random
+    # sampler drew the earlier search's points again, the ones now run as start points among them
+    raw["seed"] = (space.seed + trials) % 2**32
+    print(f"warm start: {added} of the best {len(rows)} feasible trials of search '{name}' run first; "
+          f"sampler seed {raw['seed']} (the space's {space.seed} + its {trials} trials)", flush=True)
     return parse_space(raw, source=space.source, sha256=space.sha256, strict=True)

@@ -219,3 +219,134 @@ def test_the_extended_study_holds_every_earlier_trial_before_its_first_suggestio
     assert len(study.get_trials(states=(C.COMPLETE,))) == 3 and len(study.trials) == 5
     assert study.best_value == 12.0  # the earlier best, as the sampler models it
     assert set(space.params) <= set(space.resolve(config))
+
+
+# --------------------------------------------------------------------------- end to end, --storage
+def _cli(*args, cwd, store):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRIACCEL_TUNE_DIR"}
+    env["MLFLOW_TRACKING_URI"] = store
+    return subprocess.run([sys.executable, "-m", "triaccel.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=900, env=env)
+
+
+def _said(r) -> str:
+    """A run's output less Ray's own log lines."""
+    keep = lambda t: "\n".join(x for x in t.splitlines() if "core_worker" not in x and x.strip())[-3000:]
+    return f"rc {r.returncode}\nstdout:\n{keep(r.stdout)}\nstderr:\n{keep(r.stderr)}"
+
+
+@pytest.fixture(scope="module")
+def built_on(tmp_path_factory):
+    """Search 'a' from one working folder with its state in a separate storage folder; then, from
+    another folder, search 'b' of the same space warm-started from 'a', and extend 'a'."""
+    root = tmp_path_factory.mktemp("built_on")
+    storage, d1, d2 = root / "storage", root / "w1", root / "w2"
+    d1.mkdir()
+    d2.mkdir()
+    store = f"sqlite:///{root}/mlflow.db"
+    for d in (d1, d2):
+        (d / "space.yaml").write_text(json.dumps(SPACE))
+    out = {"root": root, "storage": storage, "d1": d1, "d2": d2, "store": store}
+    out["a"] = _cli("search", "--space", "space.yaml", "--name", "a", "--storage", str(storage), cwd=d1, store=store)
+    assert out["a"].returncode == 0, _said(out["a"])
+    from triaccel.search.results import outcome, trial_table
+    from triaccel.search.runner import _client
+
+    c, exp = _client(store)
+    o = outcome(trial_table(c, exp, "a"), [], [], SPACE["train"]["epochs"])
+    out["a_best2"] = [x.row["values"] for x in o.ranked[:2]]  # what --warm-start a --warm-start-k 2 takes
+    out["b"] = _cli("search", "--space", "space.yaml", "--name", "b", "--storage", str(storage),
+                    "--warm-start", "a", "--warm-start-k", "2", cwd=d2, store=store)
+    assert out["b"].returncode == 0, _said(out["b"])
+    out["x"] = _cli("extend", "a", "--trials", "2", "--storage", f"file://{storage}", cwd=d2, store=store)
+    assert out["x"].returncode == 0, _said(out["x"])
+    return out
+
+
+@pytest.mark.slow
+def test_the_second_search_trains_no_baseline(built_on):
+    from triaccel.search.baseline_cache import REUSED_FROM
+
+    store = built_on["store"]
+    _, (ba,) = _runs(store, "a")
+    _, (bb,) = _runs(store, "b")
+    assert REUSED_FROM not in ba.data.tags and bb.data.tags[REUSED_FROM] == ba.info.run_id
+    out = built_on["b"].stdout
+    assert f"reused from search 'a' run {ba.info.run_id}" in out
+    assert "baselines:" in out and "time by phase" in out
+    r = _cli("export", "b", "--out", str(built_on["root"] / "b.yaml"), "--storage", str(built_on["storage"]),
+             cwd=built_on["d1"], store=store)
+    assert r.returncode == 0, _said(r)
+    import yaml
+
+    prov = yaml.safe_load((built_on["root"] / "b.yaml").read_text())["provenance"]
+    assert prov["baseline"]["reused_from"]["mlflow_run_id"] == ba.info.run_id
+    assert prov["baseline"]["reused_from"]["search"] == "a"
+
+
+@pytest.mark.slow
+def test_warm_start_runs_the_earlier_best_first(built_on):
+    from triaccel.search.results import trial_table
+    from triaccel.search.runner import _client
+
+    c, exp = _client(built_on["store"])
+    best2 = built_on["a_best2"]
+    starts = [r["values"] for r in trial_table(c, exp, "b") if r["tags"].get("triaccel.start") == "true"]
+    assert len(starts) == 2
+    for want in best2:
+        assert any(all(got[k] == pytest.approx(v, rel=1e-6) for k, v in want.items()) for got in starts), (want, starts)
+    assert "sampler seed 8 (the space's 5 + its 3 trials)" in built_on["b"].stdout
+
+
+@pytest.mark.slow
+def test_extend_seeds_the_sampler_with_every_earlier_trial_and_ranks_them_together(built_on):
+    c, parents = _runs(built_on["store"], "a", role="parent")
+    seen = c.get_metric_history(parents[0].info.run_id, "extend_seen_trials")
+    assert [m.value for m in seen] == [3.0]  # the first search's three finished trials
+    _, trials = _runs(built_on["store"], "a", role="trial")
+    assert len(trials) == 5 and all(t.info.status == "FINISHED" for t in trials)
+    assert parents[0].info.status == "FINISHED"
+    assert "search 'a': 5 finished" in built_on["x"].stdout
+    assert (built_on["storage"] / "a" / "extend-1").is_dir()
+
+
+@pytest.mark.slow
+def test_storage_export_and_resume_from_another_working_folder(built_on, tmp_path):
+    import yaml
+
+    d3 = tmp_path / "elsewhere"
+    d3.mkdir()
+    storage, store = str(built_on["storage"]), built_on["store"]
+    assert not (built_on["d1"] / "mlruns" / "tune").exists()  # the state went to --storage
+    r = _cli("export", "a", "--out", "t.yaml", "--storage", storage, cwd=d3, store=store)
+    assert r.returncode == 0, r.stderr
+    prov = yaml.safe_load((d3 / "t.yaml").read_text())["provenance"]
+    _, trials = _runs(store, "a", role="trial")
+    _, base = _runs(store, "a")
+    assert prov["mlflow_run_id"] in {t.info.run_id for t in trials} | {b.info.run_id for b in base}
+    assert set(prov["device_s_by_phase"]) == {"baselines", "trials", "confirm"}
+    assert prov["device_s_by_phase"]["trials"] > 0 and prov["device_s_by_phase"]["baselines"] > 0
+    r = _cli("searches", "--storage", storage, cwd=d3, store=store)
+    assert r.returncode == 0 and {"a", "b"} <= {line.split()[0] for line in r.stdout.splitlines()[1:] if line}
+    r = _cli("resume", "b", "--storage", storage, cwd=d3, store=store)
+    assert r.returncode == 0, _said(r)
+    assert "search 'b': 3 finished" in r.stdout
+    assert not (d3 / "mlruns").exists()  # nothing read or written relative to the working folder
+
+
+def test_storage_names_a_folder_or_says_why_not(tmp_path):
+    from triaccel.errors import ConfigError
+    from triaccel.search.storage import storage_root
+
+    assert storage_root(str(tmp_path / "new")) == tmp_path / "new"  # made by the search that writes it
+    assert storage_root(f"file://{tmp_path}") == tmp_path
+    (tmp_path / "f").write_text("x")
+    for bad, why in ((str(tmp_path / "f"), "is a file"), ("s3://bucket/tune", "s3:// is not supported"),
+                     ("file://relative/x", "absolute path"), ("  ", "empty")):
+        with pytest.raises(ConfigError, match=why) as e:
+            storage_root(bad)
+        assert str(e.value).startswith("--storage ")
