@@ -28,8 +28,8 @@ class TrainResult:
 @dataclass
 class SearchResult:
     name: str
-    best_config: dict  # what `triaccel export NAME` writes: train it with triaccel.train(best_config)
-    picked: str  # "trial", or "baseline" when no trial beat the static baseline
+    best_config: dict  # what `triaccel export NAME` writes ({} when nothing can be exported): triaccel.train(it)
+    picked: Optional[str]  # "trial", "baseline" when no trial beat the static baseline, None: nothing
     ratio: Optional[float]  # the pick's efficiency over the reference baseline's (None without baselines)
     baselines: list = field(default_factory=list)  # {"run": label, "run_id", "efficiency", "val_acc"}
     run_ids: dict = field(default_factory=dict)  # {"best": ..., "reference_baseline": ...}
@@ -166,9 +166,10 @@ def _space_file(space: str | os.PathLike | dict, model, data) -> tuple[str, Opti
 def search(space: str | os.PathLike | dict, model: Callable | str | None = None, data: Callable | str | None = None,
            name: str | None = None, trials: int | None = None, concurrency: int | None = None,
            gpus_per_trial: float | None = None, address: str | None = None,
-           confirm: int | None = None) -> SearchResult:
-    """Search a space (as `triaccel search`) and return its outcome. Factories handed here reach the Ray
-    workers (by value when they have no import path: a notebook's functions)."""
+           confirm: int | None = None, read_back: bool = True) -> SearchResult | None:
+    """Search a space (as `triaccel search`) and return its outcome (``read_back``: False returns None,
+    as the CLI, which has printed it). Factories handed here reach the Ray workers (by value when they
+    have no import path: a notebook's functions)."""
     from triaccel.search.runner import run_search
 
     path, tmp = _space_file(space, model, data)
@@ -182,7 +183,7 @@ def search(space: str | os.PathLike | dict, model: Callable | str | None = None,
     finally:
         if tmp is not None:
             tmp.cleanup()
-    return outcome(name or _space_name(path), out)
+    return outcome(name or _space_name(path), out) if read_back else None
 
 
 def _space_name(path: str) -> str:
@@ -213,8 +214,12 @@ def outcome(name: str, out: dict | None = None) -> SearchResult:
     from triaccel.search.space import parse_space
 
     with tempfile.TemporaryDirectory(prefix="triaccel-export-") as d:
-        p = export(name, str(Path(d) / "best.yaml"))
-        best = yaml.safe_load(p.read_text())
+        try:
+            p = export(name, str(Path(d) / "best.yaml"))
+            best = yaml.safe_load(p.read_text())
+        except TriAccelError as e:  # nothing to export (every trial failed): the result says why
+            print(f"triaccel: note: {e}", flush=True)
+            best = {}
     prov = best.get("provenance") or {}
     state = read_state(name)
     uri = state_store(state)
@@ -225,5 +230,5 @@ def outcome(name: str, out: dict | None = None) -> SearchResult:
     base = prov.get("baseline") or {}
     ids = {"best": prov.get("mlflow_run_id"), "reference_baseline": base.get("mlflow_run_id")}
     counts = {k: (out or {}).get(k) for k in ("finished", "feasible", "failed", "trials")}
-    return SearchResult(name, best, prov.get("exported", "trial"), base.get("ratio"), bases, ids, uri, counts)
+    return SearchResult(name, best, prov.get("exported"), base.get("ratio"), bases, ids, uri, counts)
 
