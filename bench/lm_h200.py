@@ -3,7 +3,7 @@
     python3 bench/lm_h200.py --out $OUT/h200_lm.json          # bash bench/lm_h200.sh on the device
 
 1. A fresh search of ``spaces/shakespeare_gpt.yaml`` (nanoGPT's shakespeare-char GPT, 10.7 M parameters, on
-   the shipped Tiny Shakespeare) with ``--trials`` trials, its own static baselines (bf16 and fp16; eager,
+   the shipped Tiny Shakespeare) with ``--trials`` trials of ``--search-epochs``, its own static baselines (bf16 and fp16; eager,
    captured, compiled, captured + compiled) and ``--confirm`` confirm runs; stopped (SIGTERM: trials closed,
    state saved) if it is still running at ``--search-s``; then ``triaccel export``.
 2. The export trained alone against the best static baseline of each dtype (by the search's own
@@ -224,13 +224,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--work", default="/tmp/lm_bench")
-    ap.add_argument("--trials", type=int, default=8)
+    ap.add_argument("--trials", type=int, default=6)
     ap.add_argument("--confirm", type=int, default=0, help="the search's confirm runs (0: the finals measure alone)")
-    ap.add_argument("--search-epochs", type=int, default=4)
+    ap.add_argument("--search-epochs", type=int, default=3, help="the score averages epochs 2 on")
     ap.add_argument("--epochs", type=int, default=4, help="epochs of each final run")
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--search-s", type=float, default=330.0, help="stop the search at this many s of the bench")
-    ap.add_argument("--budget-s", type=float, default=530.0, help="start no final run that would end after this")
+    ap.add_argument("--search-s", type=float, default=360.0, help="stop the search at this many s of the bench")
+    ap.add_argument("--budget-s", type=float, default=540.0, help="start no final run that would end after this")
     ap.add_argument("--first-run-s", type=float, default=40.0, help="a config's run-time guess before it has run")
     ap.add_argument("--tuned", help="an exported config: skip the search (give --static: no baselines are read)")
     ap.add_argument("--static", default="", help="baseline labels of the space to train against (comma-separated, "
