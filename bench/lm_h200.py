@@ -3,8 +3,8 @@
     python3 bench/lm_h200.py --out $OUT/h200_lm.json          # bash bench/lm_h200.sh on the device
 
 1. A fresh search of ``spaces/shakespeare_gpt.yaml`` (nanoGPT's shakespeare-char GPT, 10.7 M parameters, on
-   the shipped Tiny Shakespeare) with ``--trials`` trials of ``--search-epochs``, its own static baselines (bf16 and fp16; eager,
-   captured, compiled, captured + compiled) and ``--confirm`` confirm runs; stopped (SIGTERM: trials closed,
+   the shipped Tiny Shakespeare) with ``--trials`` trials of ``--search-epochs`` epochs, its own static baselines
+   (bf16 and fp16; eager, captured, compiled, captured + compiled) and ``--confirm`` confirm runs; stopped (SIGTERM: trials closed,
    state saved) if it is still running at ``--search-s``; then ``triaccel export``.
 2. The export trained alone against the best static baseline of each dtype (by the search's own
    efficiency), ``--epochs`` epochs, over ``--seeds``, interleaved seed by seed in this process after a
@@ -75,7 +75,7 @@ def stream(cmd: list, env: dict, cwd: Path, deadline_s: float) -> tuple[int, str
 
 
 def search_and_export(args, work: Path, res: dict) -> Path | None:
-    space = yaml.safe_load((ROOT / "spaces" / "shakespeare_gpt.yaml").read_text())
+    space = yaml.safe_load((ROOT / args.space).read_text())
     space["trials"] = args.trials
     space["train"]["epochs"] = args.search_epochs
     (work / "space.yaml").write_text(yaml.safe_dump(space, sort_keys=False))
@@ -224,6 +224,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--work", default="/tmp/lm_bench")
+    ap.add_argument("--space", default="spaces/shakespeare_gpt.yaml",
+                    help="the space (from the repo root); spaces/shakespeare_gpt_tiny.yaml tries the script on a CPU")
     ap.add_argument("--trials", type=int, default=6)
     ap.add_argument("--confirm", type=int, default=0, help="the search's confirm runs (0: the finals measure alone)")
     ap.add_argument("--search-epochs", type=int, default=3, help="the score averages epochs 2 on")
@@ -241,12 +243,12 @@ def main():
     args.static = [x for x in args.static.split(",") if x]
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    res = {"what": __doc__.split("\n\n")[0], "git_revision": git_rev(), "space": "spaces/shakespeare_gpt.yaml",
+    res = {"what": __doc__.split("\n\n")[0], "git_revision": git_rev(), "space": args.space,
            "epochs": args.epochs, "seeds": args.seeds, "budget_s": args.budget_s, "runs": {}}
     if args.tuned:
         res["search"] = {"baselines": []}
         tuned = Path(args.tuned)
-        (work / "space.yaml").write_text((ROOT / "spaces" / "shakespeare_gpt.yaml").read_text())
+        (work / "space.yaml").write_text((ROOT / args.space).read_text())
     else:
         tuned = search_and_export(args, work, res)
         write(args.out, res)

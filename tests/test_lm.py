@@ -2,10 +2,14 @@
 trainer's next-token loss and accuracy."""
 import hashlib
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 
 from conftest import ROOT
 from triaccel.errors import ConfigError
@@ -201,3 +205,38 @@ def test_evaluate_scores_every_validation_position_once():
         out = t.model(x)
     assert acc == pytest.approx(100.0 * int((out.argmax(-1) == y).sum()) / y.numel(), abs=1e-9)
     assert loss == pytest.approx(float(F.cross_entropy(out.reshape(-1, 65), y.reshape(-1))), rel=1e-5)
+
+
+# ------------------------------------------------------------------ search, export, train
+def cli(*args, cwd):
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "TRIACCEL_TUNE_DIR")}
+    env["OMP_NUM_THREADS"] = "1"
+    return subprocess.run([sys.executable, "-m", "triaccel.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=1500, env=env)
+
+
+@pytest.mark.slow
+def test_a_search_of_the_tiny_space_ends_with_a_summary_and_an_export_that_trains(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    space = yaml.safe_load((ROOT / "spaces" / "shakespeare_gpt_tiny.yaml").read_text())
+    space["train"]["data"]["init_args"].update(stride=2048, val_fraction=0.02)  # 490 windows an epoch
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space, sort_keys=False))
+    r = cli("search", "--space", "space.yaml", "--trials", "2", "--confirm", "0", "--name", "lm", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "search 'lm':" in r.stdout and "baseline amp-bf16-B32" in r.stdout
+    assert len([ln for ln in r.stdout.splitlines() if ln.startswith("trial ")]) == 2
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    exp = c.get_experiment_by_name("triaccel-search")
+    runs = c.search_runs([exp.experiment_id], filter_string="tags.`triaccel.role` = 'trial'")
+    assert runs and all("val_ppl" in run.data.metrics for run in runs if run.info.status == "FINISHED")
+
+    r = cli("export", "lm", "--out", "tuned.yaml", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    tuned = yaml.safe_load((tmp_path / "tuned.yaml").read_text())
+    assert tuned["model"]["class_path"] == "triaccel.zoo.gpt.GPT"
+    assert tuned["data"]["class_path"] == "triaccel.zoo.text.char_corpus"
+    r = cli("train", "--config", "tuned.yaml", "--set", "epochs=1", "--set", "tracking.enabled=false", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "epoch   1/1" in r.stdout + r.stderr
