@@ -4,8 +4,8 @@
 
 1. A fresh search of ``spaces/shakespeare_gpt.yaml`` (nanoGPT's shakespeare-char GPT, 10.7 M parameters, on
    the shipped Tiny Shakespeare) with ``--trials`` trials of ``--search-epochs`` epochs, its own static baselines
-   (bf16 and fp16; eager, captured, compiled, captured + compiled) and ``--confirm`` confirm runs; stopped (SIGTERM: trials closed,
-   state saved) if it is still running at ``--search-s``; then ``triaccel export``.
+   (bf16 and fp16; eager, captured, compiled, captured + compiled) and ``--confirm`` confirm runs; stopped
+   (SIGTERM: trials closed, state saved) if it is still running at ``--search-s``; then ``triaccel export``.
 2. The export trained alone against the best static baseline of each dtype (by the search's own
    efficiency), ``--epochs`` epochs, over ``--seeds``, interleaved seed by seed in this process after a
    one-epoch discarded warm-up run. A run is started only while the whole bench can still end inside
