@@ -55,6 +55,9 @@ class LayerPlan:
         return [n for n, _ in self.layers]
 
 
+ROOT = "_root"  # the layer name of parameters the model holds itself (named_modules calls it "")
+
+
 def layer_plan(model: nn.Module) -> LayerPlan:
     layers, params, aliases, owner = [], [], [], {}
     for name, mod in model.named_modules():
@@ -63,6 +66,7 @@ def layer_plan(model: nn.Module) -> LayerPlan:
         direct = [p for p in mod.parameters(recurse=False) if p.requires_grad]
         own = [p for p in direct if id(p) not in owner]
         if own:
+            name = name or ROOT  # the model itself holds a parameter (a position embedding, say)
             for p in own:
                 owner[id(p)] = name
             layers.append((name, mod))
