@@ -12,7 +12,8 @@ The precision controller decides a dtype per layer; this module applies it. Each
 Parameters stay fp32 (master weights); only the layer's compute dtype changes. Everything
 outside the layers (norms, activations, the loss) runs in the dtype of its input, outside
 any autocast region: torch's batch, layer, group and RMS norms take a 16-bit input with fp32
-weights (and under the one region of a uniform forward autocast runs them in fp32 anyway). ``force(torch.float32)`` runs every layer in fp32 for a while (the
+weights (and under the one region of a uniform forward autocast runs them in fp32 anyway).
+``force(torch.float32)`` runs every layer in fp32 for a while (the
 curvature probes need double backward in full precision).
 """
 from __future__ import annotations
