@@ -333,3 +333,11 @@ def test_readme_notebook_example_runs_as_written(tmp_path):
     r = cli("resume", "notebook-digits", cwd=tmp_path)
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1
     assert "hand it again" in r.stderr and "triaccel.resume" in r.stderr
+
+
+def test_api_import_is_cheap_and_search_stays_callable():
+    code = ("import sys, triaccel; assert not {'torch', 'ray', 'mlflow'} & set(sys.modules), sys.modules.keys(); "
+            "assert callable(triaccel.train) and triaccel.DataSplits(train=1).val is None; "
+            "import triaccel.search.runner; assert callable(triaccel.search) and triaccel.search.runner")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]

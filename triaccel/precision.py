@@ -12,7 +12,8 @@ The precision controller decides a dtype per layer; this module applies it. Each
 Parameters stay fp32 (master weights); only the layer's compute dtype changes. Everything
 outside the layers (norms, activations, the loss) runs in the dtype of its input, outside
 any autocast region: torch's batch, layer, group and RMS norms take a 16-bit input with fp32
-weights (and under the one region of a uniform forward autocast runs them in fp32 anyway). ``force(torch.float32)`` runs every layer in fp32 for a while (the
+weights (and under the one region of a uniform forward autocast runs them in fp32 anyway).
+``force(torch.float32)`` runs every layer in fp32 for a while (the
 curvature probes need double backward in full precision).
 """
 from __future__ import annotations
@@ -55,6 +56,9 @@ class LayerPlan:
         return [n for n, _ in self.layers]
 
 
+ROOT = "_root"  # the layer name of parameters the model holds itself (named_modules calls it "")
+
+
 def layer_plan(model: nn.Module) -> LayerPlan:
     layers, params, aliases, owner = [], [], [], {}
     for name, mod in model.named_modules():
@@ -63,6 +67,7 @@ def layer_plan(model: nn.Module) -> LayerPlan:
         direct = [p for p in mod.parameters(recurse=False) if p.requires_grad]
         own = [p for p in direct if id(p) not in owner]
         if own:
+            name = name or ROOT  # the model itself holds a parameter (a position embedding, say)
             for p in own:
                 owner[id(p)] = name
             layers.append((name, mod))

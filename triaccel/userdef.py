@@ -218,8 +218,8 @@ def materialise(ds: Any, where: str) -> tuple[torch.Tensor, torch.Tensor]:
         x0, y0 = _pair(ds[0], where)
         need, have = n * (x0.nbytes + y0.nbytes), _memory_bytes()
         if have is not None and need > have // 2:
-            raise DataError(f"{where}: {n:,} examples of input {tuple(x0.shape)} take {need / 2**30:,.1f} GiB as tensors "
-                            f"(this machine has {have / 2**30:,.0f} GiB): return a smaller split")
+            raise DataError(f"{where}: {n:,} examples of input {tuple(x0.shape)} take {need / 2**30:,.1f} GiB "
+                            f"as tensors (this machine has {have / 2**30:,.0f} GiB): return a smaller split")
         xs, ys = [x0], [y0]
         for i in range(1, n):
             xi, yi = _pair(ds[i], where)
@@ -301,7 +301,8 @@ class TensorData:
         self.x, self.y = split[0].to(store), split[1].to(store)
         if not self.resident and device.type == "cuda":
             self.x, self.y = self.x.pin_memory(), self.y.pin_memory()
-        self.gen = torch.Generator(device=device).manual_seed(seed)  # no draws; saved with checkpoints as ResidentData's
+        # no draws; its state is saved with checkpoints, as ResidentData's
+        self.gen = torch.Generator(device=device).manual_seed(seed)
         self.channels_last = False  # set by the trainer (`channels_last`): applies to image batches
         self.augment = False
 
