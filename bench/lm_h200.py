@@ -3,9 +3,9 @@
     python3 bench/lm_h200.py --out $OUT/h200_lm.json          # bash bench/lm_h200.sh on the device
 
 1. A fresh search of ``spaces/shakespeare_gpt.yaml`` (nanoGPT's shakespeare-char GPT, 10.7 M parameters, on
-   the shipped Tiny Shakespeare) with ``--trials`` trials, its own static baselines (bf16 and fp16; eager,
-   captured, compiled, captured + compiled) and ``--confirm`` confirm runs; stopped (SIGTERM: trials closed,
-   state saved) if it is still running at ``--search-s``; then ``triaccel export``.
+   the shipped Tiny Shakespeare) with ``--trials`` trials of ``--search-epochs`` epochs, its own static baselines
+   (bf16 and fp16; eager, captured, compiled, captured + compiled) and ``--confirm`` confirm runs; stopped
+   (SIGTERM: trials closed, state saved) if it is still running at ``--search-s``; then ``triaccel export``.
 2. The export trained alone against the best static baseline of each dtype (by the search's own
    efficiency), ``--epochs`` epochs, over ``--seeds``, interleaved seed by seed in this process after a
    one-epoch discarded warm-up run. A run is started only while the whole bench can still end inside
@@ -75,7 +75,7 @@ def stream(cmd: list, env: dict, cwd: Path, deadline_s: float) -> tuple[int, str
 
 
 def search_and_export(args, work: Path, res: dict) -> Path | None:
-    space = yaml.safe_load((ROOT / "spaces" / "shakespeare_gpt.yaml").read_text())
+    space = yaml.safe_load((ROOT / args.space).read_text())
     space["trials"] = args.trials
     space["train"]["epochs"] = args.search_epochs
     (work / "space.yaml").write_text(yaml.safe_dump(space, sort_keys=False))
@@ -224,13 +224,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--work", default="/tmp/lm_bench")
-    ap.add_argument("--trials", type=int, default=8)
+    ap.add_argument("--space", default="spaces/shakespeare_gpt.yaml",
+                    help="the space (from the repo root); spaces/shakespeare_gpt_tiny.yaml tries the script on a CPU")
+    ap.add_argument("--trials", type=int, default=6)
     ap.add_argument("--confirm", type=int, default=0, help="the search's confirm runs (0: the finals measure alone)")
-    ap.add_argument("--search-epochs", type=int, default=4)
+    ap.add_argument("--search-epochs", type=int, default=3, help="the score averages epochs 2 on")
     ap.add_argument("--epochs", type=int, default=4, help="epochs of each final run")
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--search-s", type=float, default=330.0, help="stop the search at this many s of the bench")
-    ap.add_argument("--budget-s", type=float, default=530.0, help="start no final run that would end after this")
+    ap.add_argument("--search-s", type=float, default=360.0, help="stop the search at this many s of the bench")
+    ap.add_argument("--budget-s", type=float, default=540.0, help="start no final run that would end after this")
     ap.add_argument("--first-run-s", type=float, default=40.0, help="a config's run-time guess before it has run")
     ap.add_argument("--tuned", help="an exported config: skip the search (give --static: no baselines are read)")
     ap.add_argument("--static", default="", help="baseline labels of the space to train against (comma-separated, "
@@ -241,12 +243,12 @@ def main():
     args.static = [x for x in args.static.split(",") if x]
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    res = {"what": __doc__.split("\n\n")[0], "git_revision": git_rev(), "space": "spaces/shakespeare_gpt.yaml",
+    res = {"what": __doc__.split("\n\n")[0], "git_revision": git_rev(), "space": args.space,
            "epochs": args.epochs, "seeds": args.seeds, "budget_s": args.budget_s, "runs": {}}
     if args.tuned:
         res["search"] = {"baselines": []}
         tuned = Path(args.tuned)
-        (work / "space.yaml").write_text((ROOT / "spaces" / "shakespeare_gpt.yaml").read_text())
+        (work / "space.yaml").write_text((ROOT / args.space).read_text())
     else:
         tuned = search_and_export(args, work, res)
         write(args.out, res)

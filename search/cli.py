@@ -12,11 +12,11 @@ from triaccel.search.storage import use_storage
 
 def cmd_search(args) -> int:
     use_storage(args.storage)
-    from triaccel.search.runner import run_search
+    from triaccel.api import search
 
-    run_search(args.space, name=args.name, trials=args.trials, concurrency=args.concurrency,
-               gpus_per_trial=args.gpus_per_trial, address=args.address, confirm=args.confirm,
-               fresh_baselines=args.fresh_baselines, warm_start=args.warm_start, warm_start_k=args.warm_start_k)
+    search(args.space, name=args.name, trials=args.trials, concurrency=args.concurrency,
+           gpus_per_trial=args.gpus_per_trial, address=args.address, confirm=args.confirm, read_back=False,
+           fresh_baselines=args.fresh_baselines, warm_start=args.warm_start, warm_start_k=args.warm_start_k)
     return 0
 
 
@@ -45,6 +45,7 @@ def cmd_export(args) -> int:
     p = export(args.name, args.out, args.pick, force=args.force, epochs=args.epochs)
     prov = yaml.safe_load(p.read_text())["provenance"]
     print(f"wrote {p} ({prov['why']}): train with `triaccel train --config {p}`")
+    _note_callables(args.name, p)
     if prov.get("deleted_runs_ignored"):
         print(f"  {prov['deleted_runs_ignored']} run(s) of search '{args.name}' are deleted in MLflow and were not "
               f"considered: restore them in the MLflow UI (or `mlflow gc` them for good) and export again to count them")
@@ -67,6 +68,19 @@ def cmd_export(args) -> int:
                  "which faster epochs do not repay (the exported config is not faster per epoch"
                  + ("; its gain is memory)" if b["ratio"] > 1 and b.get("peak_mem_ratio", 1) < 1 else ")")))
     return 0
+
+
+def _note_callables(name: str, p) -> None:
+    """A search started from Python with functions that have no import path exports references only
+    that process knew (callable:NAME): say how to train the export."""
+    from triaccel.search.runner import read_state
+
+    refs = read_state(name).get("callables") or {}
+    if refs:
+        args = ", ".join(f"{k.split('.')[0]}={r.split(':', 1)[1]}" for k, r in refs.items())
+        print(f"triaccel: note: search '{name}' was started from Python with functions that have no import path "
+              f"({', '.join(refs.values())}): train {p} from Python, handing them again: "
+              f"triaccel.train('{p}', {args})", file=sys.stderr)
 
 
 def cmd_searches(args) -> int:

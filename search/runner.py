@@ -158,7 +158,9 @@ def _token_auth_for_this_node(address: str) -> None:
             pass
 
 
-def _init_ray(address: str | None, quiet: bool = True) -> None:
+def _init_ray(address: str | None, quiet: bool = True, runtime_env: dict | None = None) -> None:
+    """Ray, local or joined at ``address``; ``runtime_env`` ships the user's code to every worker
+    (triaccel.userdef.runtime_env_for)."""
     import logging
 
     import ray
@@ -170,6 +172,8 @@ def _init_ray(address: str | None, quiet: bool = True) -> None:
     if ray.is_initialized():
         return
     kw = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, configure_logging=True)
+    if runtime_env:
+        kw["runtime_env"] = runtime_env
     if address:
         _token_auth_for_this_node(address)
         try:
@@ -271,9 +275,11 @@ def _trainable(space: SearchSpace, shared: int, ref_curve: list | None):
     res = {"cpu": space.cpus_per_trial}
     if on_gpu(space):
         res["gpu"] = space.gpus_per_trial
+    from triaccel.userdef import shipped
+
     fn = tune.with_parameters(run_trial, space_data=space.raw, shared=shared,
                               gpu_fraction=space.gpus_per_trial if on_gpu(space) else 1.0,
-                              ref_curve=ref_curve, margin=space.margin)
+                              ref_curve=ref_curve, margin=space.margin, factories=shipped())
     return tune.with_resources(fn, res)
 
 
@@ -364,6 +370,9 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
         print(f"triaccel: note: {space.source} has {len(space.start)} start points and the search runs "
               f"{space.trials} trials: only the first {space.trials} run", file=sys.stderr, flush=True)
     check_resources(space, address)
+    from triaccel.userdef import check_user_code
+
+    runtime_env, callables = check_user_code(space)  # a bad model or data reference: before anything is written
     path = tune_root() / name
     if (path / STATE_FILE).exists():
         raise ConfigError(f"search '{name}' already exists in {path}: `triaccel resume {name}` continues it, "
@@ -374,7 +383,8 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     shared = shared_trials(space)
     state = {"name": name, "space": space.raw, "source": space.source, "sha256": space.sha256, "tracking_uri": uri,
              "address": address, "created": datetime.datetime.now().isoformat(timespec="seconds"), "shared": shared,
-             "controller_defaults": CONTROLLER_DEFAULTS, "fresh_baselines": fresh_baselines}
+             "controller_defaults": CONTROLLER_DEFAULTS, "fresh_baselines": fresh_baselines,
+             "runtime_env": runtime_env, "callables": callables}
     made = not path.exists()
     tmp = path / f".{STATE_FILE}.{os.getpid()}.tmp"
     try:
@@ -405,7 +415,7 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     with interruptible(name, uri):
         with phases.timed(uri, name, "baselines"):
             ref_curve = run_baselines(name, space, uri, shared, fresh=fresh_baselines)
-        _init_ray(address)
+        _init_ray(address, runtime_env=runtime_env)
         quiet_tune_failures()
         with own_signals(), phases.timed(uri, name, "trials"):
             _tuner(space, name, uri, shared, ref_curve).fit()
@@ -501,6 +511,10 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
     _check_confirm(confirm)
     check_address(address or state.get("address"))
     space = parse_space(state["space"], source=state["source"], sha256=state["sha256"])
+    from triaccel.userdef import check_user_code, use_runtime_env
+
+    use_runtime_env(state.get("runtime_env"))  # the user's code where the search found it, from any folder
+    check_user_code(space)  # a function handed from Python is refused here unless handed again (triaccel.resume)
     from ray import tune
 
     if not os.access(tune_root() / name, os.W_OK | os.X_OK):  # was pyarrow's traceback from Tune's restore
@@ -521,7 +535,7 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
         with phases.timed(uri, name, "baselines"):
             ref_curve = run_baselines(name, space, uri, state["shared"],  # those not finished before
                                       fresh=bool(state.get("fresh_baselines")))
-        _init_ray(address or state.get("address"))
+        _init_ray(address or state.get("address"), runtime_env=state.get("runtime_env"))
         quiet_tune_failures()
         if restore:
             tuner = tune.Tuner.restore(str(tune_root() / name), trainable=_trainable(space, state["shared"], ref_curve),

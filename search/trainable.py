@@ -79,10 +79,15 @@ def trial_threads() -> int:
 
 
 def run_trial(config: dict, space_data: dict, shared: int, gpu_fraction: float, ref_curve: list | None = None,
-              margin: float = 0.0) -> None:
-    """One trial: ``config`` holds Optuna's sample; the fixed settings come from the space."""
+              margin: float = 0.0, factories: dict | None = None) -> None:
+    """One trial: ``config`` holds Optuna's sample; the fixed settings come from the space.
+    ``factories``: the model and data functions handed to triaccel.search from Python, by reference."""
     import torch
     from ray import tune
+
+    from triaccel.userdef import CALLABLES
+
+    CALLABLES.update(factories or {})
 
     from triaccel.search.space import parse_space
 

@@ -2,10 +2,14 @@
 trainer's next-token loss and accuracy."""
 import hashlib
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 
 from conftest import ROOT
 from triaccel.errors import ConfigError
@@ -13,6 +17,16 @@ from triaccel.precision import PrecisionRuntime, layer_modules
 from triaccel.trainer import correct_count, example_loss_sum
 from triaccel.zoo.gpt import GPT
 from triaccel.zoo.text import CORPORA_DIR, char_corpus, decode, load_corpus, split_bounds
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: on a machine whose cores other processes keep busy, two threads contending
+    ran a tiny GPT's step 25x slower than one (2.5 s against 0.1 s, B=32 x 32 tokens)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 # ------------------------------------------------------------------ corpus and windows
@@ -110,14 +124,17 @@ def test_model_arguments_are_checked_naming_the_key():
 def test_the_precision_runtime_sees_every_projection_and_mixed_levels_run():
     m = tiny_gpt()
     names = [n for n, _ in layer_modules(m)]
-    # every Linear (embeddings and norms may be layers too, where layer discovery takes them)
-    assert {f"h.{i}.{n}" for i in (0, 1) for n in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")} | \
-        {"lm_head"} <= set(names)
+    # every projection is a layer; the tied output head is one too, or (layer discovery that owns each
+    # parameter once) runs at the level of the token embedding whose weight it shares
+    projections = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+    assert {f"h.{i}.{n}" for i in (0, 1) for n in projections} <= set(names)
+    head = "lm_head" if "lm_head" in names else "wte"
+    assert head in names
     rt = PrecisionRuntime(m, torch.device("cpu"), initial="bf16", log=lambda *a: None)
     idx = torch.randint(0, 65, (2, 16))
     with rt.region():  # every layer bf16: one autocast region
         assert m(idx).dtype == torch.bfloat16
-    rt.set("lm_head", "fp32")  # the output head promoted: its logits are fp32, the blocks stay bf16
+    rt.set(head, "fp32")  # the output head promoted: its logits are fp32, the blocks stay bf16
     rt.set("h.0.attn.c_attn", "fp32")  # attention's q, k, v (and so its logits) in fp32
     with rt.region():
         out = m(idx)
@@ -156,15 +173,17 @@ def tiny_cfg(*sets):
 def test_a_few_epochs_of_training_lower_the_next_token_loss(mode):
     from triaccel.control import build_trainer
 
-    t = build_trainer(tiny_cfg(f"mode={mode}"), log=lambda *a: None)
+    # windows every 1,024 characters: 980 of them, 31 steps an epoch; validation on 2 % of the text (697 windows)
+    t = build_trainer(tiny_cfg(f"mode={mode}", "data.init_args.stride=1024", "data.init_args.val_fraction=0.02"),
+                      log=lambda *a: None)
     acc0, loss0 = t.evaluate(t.val_data)
     assert loss0 == pytest.approx(math.log(65), abs=0.3)  # an untrained model: about uniform over 65 characters
     t.fit()
     first, last = t.history.epochs[0], t.history.epochs[-1]
     assert last["train_loss"] < first["train_loss"] and last["val_loss"] < loss0 - 0.8
-    assert last["val_acc"] > acc0 + 10 and last["val_acc"] > 25  # chance is 1.5 %; the commonest character ~15 %
+    assert last["val_acc"] > acc0 + 10 and last["val_acc"] > 20  # chance is 1.5 %; the commonest character ~15 %
     assert last["val_ppl"] == pytest.approx(math.exp(last["val_loss"]))
-    assert last["efficiency"] > 0 and last["examples"] == 1961  # every training window once an epoch
+    assert last["efficiency"] > 0 and last["examples"] == 1013  # every training window once an epoch
     if mode == "triaccel":
         assert t.loop.trajectory and len(t.precision.names) >= 9  # the controllers saw the GPT's layers
         assert {"h.0.attn.c_attn", "h.1.mlp.c_proj"} <= set(t.precision.names)
@@ -184,5 +203,40 @@ def test_evaluate_scores_every_validation_position_once():
     t.model.eval()
     with torch.no_grad():
         out = t.model(x)
-    assert acc == pytest.approx(100.0 * float((out.argmax(-1) == y).float().mean()), abs=1e-9)
+    assert acc == pytest.approx(100.0 * int((out.argmax(-1) == y).sum()) / y.numel(), abs=1e-9)
     assert loss == pytest.approx(float(F.cross_entropy(out.reshape(-1, 65), y.reshape(-1))), rel=1e-5)
+
+
+# ------------------------------------------------------------------ search, export, train
+def cli(*args, cwd):
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "TRIACCEL_TUNE_DIR")}
+    env["OMP_NUM_THREADS"] = "1"
+    return subprocess.run([sys.executable, "-m", "triaccel.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=1500, env=env)
+
+
+@pytest.mark.slow
+def test_a_search_of_the_tiny_space_ends_with_a_summary_and_an_export_that_trains(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    space = yaml.safe_load((ROOT / "spaces" / "shakespeare_gpt_tiny.yaml").read_text())
+    space["train"]["data"]["init_args"].update(stride=2048, val_fraction=0.02)  # 490 windows an epoch
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space, sort_keys=False))
+    r = cli("search", "--space", "space.yaml", "--trials", "2", "--confirm", "0", "--name", "lm", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "search 'lm':" in r.stdout and "baseline amp-bf16-B32" in r.stdout
+    assert len([ln for ln in r.stdout.splitlines() if ln.startswith("trial ")]) == 2
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    exp = c.get_experiment_by_name("triaccel-search")
+    runs = c.search_runs([exp.experiment_id], filter_string="tags.`triaccel.role` = 'trial'")
+    assert runs and all("val_ppl" in run.data.metrics for run in runs if run.info.status == "FINISHED")
+
+    r = cli("export", "lm", "--out", "tuned.yaml", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    tuned = yaml.safe_load((tmp_path / "tuned.yaml").read_text())
+    assert tuned["model"]["class_path"] == "triaccel.zoo.gpt.GPT"
+    assert tuned["data"]["class_path"] == "triaccel.zoo.text.char_corpus"
+    r = cli("train", "--config", "tuned.yaml", "--set", "epochs=1", "--set", "tracking.enabled=false", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "epoch   1/1" in r.stdout + r.stderr

@@ -33,65 +33,9 @@ def _stop_at_a_step_on_sigterm(trainer) -> None:
 
 
 def cmd_train(args) -> int:
-    from triaccel.config import load_config
-    from triaccel.control import build_trainer
+    from triaccel.api import train
 
-    cfg = load_config(args.config, args.set)
-    callbacks = []
-    logger = None
-    if cfg.tracking.enabled:
-        from triaccel.tracking import MLflowLogger
-
-        logger = MLflowLogger(cfg)
-        callbacks.append(logger)
-    trainer = build_trainer(cfg, callbacks, setup=False)
-    _stop_at_a_step_on_sigterm(trainer)
-    try:
-        trainer.setup()
-        print(f"triaccel train: {cfg.model.name} on {cfg.data.name} ({len(trainer.train_data)} train / "
-              f"{len(trainer.val_data)} val / {len(trainer.test_data)} test), mode {cfg.mode}, "
-              f"device {trainer.device}", flush=True)
-        summary = trainer.fit()
-        from triaccel import errors
-
-        if errors.TERMINATED:  # SIGTERM: the loop stopped at a step boundary
-            raise KeyboardInterrupt
-    except BaseException as e:
-        from triaccel.errors import disk_full
-
-        full = disk_full(e) if isinstance(e, Exception) else None
-        # Ctrl-C or SIGTERM that landed inside a library call (MLflow's SQL layer wraps it in its own error)
-        stopped = interrupted(e)
-        if logger is not None:
-            try:
-                # stdout closed by its reader (`| head`): stopped by the user, as Ctrl-C is
-                logger.finish("KILLED" if stopped or isinstance(e, BrokenPipeError) else "FAILED",
-                              reason=f"{type(e).__name__}: {e}")
-            except Exception:  # noqa: BLE001 -- a full store cannot take the status either: the error below says why
-                if full is None and not stopped:
-                    raise
-        if full is not None:  # was MLflow's traceback, exit 1
-            raise TriAccelError(f"a disk this run writes is full ({full}): training stopped after epoch "
-                                f"{getattr(trainer, 'epoch', '?')}; free space and train again") from None
-        if stopped and not isinstance(e, KeyboardInterrupt):
-            raise KeyboardInterrupt from None
-        raise
-    if logger is not None:
-        for cb in trainer.callbacks:
-            if hasattr(cb, "log_artifacts"):
-                cb.log_artifacts(logger.client, logger.run_id)
-        logger.finish()
-    line = (f"val acc {summary['val_acc']:.2f}%  epoch time (last 5) {summary['epoch_time_last5_s']:.3f}s  "
-            f"peak mem {summary['peak_mem_gib']:.3f} GiB ({summary['mem_source']})  "
-            f"efficiency {summary['efficiency']:.2f}")
-    if "test_acc" in summary:
-        line += f"  test acc {summary['test_acc']:.2f}%"
-    print(line)
-    if logger is not None:
-        from triaccel.tracking import tracking_uri
-
-        print(f"MLflow run {logger.run_id} in experiment '{cfg.tracking.experiment}' at "
-              f"{tracking_uri(cfg.tracking.tracking_uri)}  (browse: triaccel ui)")
+    train(args.config, overrides=args.set, on_trainer=_stop_at_a_step_on_sigterm)
     return 0
 
 

@@ -63,9 +63,26 @@ def check_image_size(mc, side: int) -> Optional[str]:
 
 
 # --------------------------------------------------------------------------- sections
+REFERENCE = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*(:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*)?|callable:[\w.<>]+")
+
+
+def _check_reference(section, key: str) -> None:
+    """class_path is a dotted import path (``mypkg.models.build`` or ``mypkg.models:build``), or
+    ``callable:NAME`` for a function handed to the Python API (triaccel.userdef); init_args go to it."""
+    cp = section.class_path
+    _check(cp is None or REFERENCE.fullmatch(cp) is not None, f"{key}.class_path",
+           f"must be an import path such as mypkg.models.build, got {cp!r}")
+    _check(not section.init_args or cp is not None, f"{key}.init_args",
+           f"are the arguments of {key}.class_path, which is not set")
+
+
 @dataclass
 class DataConfig:
-    name: str = "digits"  # digits | cifar10 | cifar100 | imagefolder
+    name: str = "digits"  # digits | cifar10 | cifar100 | imagefolder (ignored when class_path is set)
+    # the user's data (triaccel.userdef): a factory called as factory(**init_args) returning a DataSplits,
+    # or a mapping or object with train (required), val, test and meta; read instead of name
+    class_path: Optional[str] = None
+    init_args: dict = field(default_factory=dict)
     data_dir: Optional[str] = None  # root for cifar*/imagefolder (imagefolder: holds train/ and test/)
     download: bool = False  # cifar*: let torchvision download when the files are missing
     val_fraction: float = 0.1  # share of the training set held out, stratified, for validation
@@ -85,11 +102,18 @@ class DataConfig:
         _check(self.crop_padding >= 0, "data.crop_padding", "must be >= 0")
         # as `seed`: data.split_seed=10**20 was torch.Generator's "Overflow when unpacking long long" traceback
         _check(0 <= self.split_seed < 2**32, "data.split_seed", f"must be in [0, 2**32), got {self.split_seed}")
+        _check_reference(self, "data")
 
     def check_read(self) -> None:
         """Keys this dataset would ignore (as model.resize): a user who set data_dir for digits meant
         another dataset. Checked where a config is written by hand (``load_config``, a new search's
         space), not in a saved search's space, which is read as it was accepted."""
+        if self.class_path is not None:  # the factory reads its own data, as it is, with no augmentation
+            for key, unused in (("data_dir", self.data_dir is not None), ("download", self.download),
+                                ("image_size", self.image_size is not None), ("cache_dir", self.cache_dir is not None)):
+                _check(not unused, f"data.{key}", f"is for the built-in datasets; data.class_path's factory reads "
+                                                  f"its own data (pass what it needs in data.init_args)")
+            return
         _check(self.data_dir is None or self.name != "digits", "data.data_dir",
                "digits ships with the install and reads no folder; data_dir is for cifar10, cifar100 and imagefolder "
                "(set data.name, or data.data_dir: null)")
@@ -103,7 +127,14 @@ KNOWN_MODELS = {"resnet18", "efficientnet_b0", "small_cnn", "mlp"}  # an unknown
 
 @dataclass
 class ModelConfig:
-    name: str = "small_cnn"  # see triaccel.models.MODELS
+    # triaccel.models.MODELS, or a zoo model: torchvision/NAME (any classification model of
+    # torchvision.models.list_models()) or timm/NAME (pip install -e '.[timm]'); ignored when class_path is set
+    name: str = "small_cnn"
+    kwargs: dict = field(default_factory=dict)  # a zoo model's constructor arguments (torchvision/..., timm/...)
+    # the user's model (triaccel.userdef): factory(**init_args, plus num_classes, in_channels, image_size and
+    # the data's meta keys where its signature takes them and init_args leaves them unset) -> nn.Module
+    class_path: Optional[str] = None
+    init_args: dict = field(default_factory=dict)
     resize: Optional[int] = None  # resize inputs inside the model (EfficientNet-B0 at 224 as in the paper)
     width: int = 32  # small_cnn only: channels of the first conv
 
@@ -116,6 +147,13 @@ class ModelConfig:
                f"only {' and '.join(sorted(RESIZING_MODELS))} resizes its input; {self.name} would ignore it")
         _check(0 < self.width <= MAX_WIDTH, "model.width",
                f"must be in [1, {MAX_WIDTH}] (small_cnn's first-conv channels, mlp's hidden units), got {self.width}")
+        _check_reference(self, "model")
+        _check(not self.kwargs or "/" in self.name, "model.kwargs",
+               f"are a zoo model's arguments (model.name: torchvision/NAME or timm/NAME); {self.name} takes none")
+
+    def label(self) -> str:
+        """The model as a person names it: the factory's reference, or the name."""
+        return self.class_path or self.name
 
 
 def _float_or_same(v: Any) -> Any:

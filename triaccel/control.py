@@ -86,7 +86,7 @@ class TriAccelLoop(Callback):
                 if probe_mode == "batched":
                     self.log(f"[curvature] probe auto: batched for {self.L} layers (exact costs one Hessian-vector "
                              f"product per layer; set triaccel.curvature.probe: exact to insist)")
-            self.probe = HessianProbe(tr.model, [list(m.parameters(recurse=False)) for _, m in rt.layers],
+            self.probe = HessianProbe(tr.model, [list(ps) for ps in rt.layer_params],
                                       top_k=c.curvature.top_k, max_iters=c.curvature.max_iters, tol=c.curvature.tol,
                                       mode=probe_mode, seed=tr.cfg.seed, graphs=c.curvature.graphs,
                                       log=self.log)

@@ -1,9 +1,12 @@
 """Models by name: ResNet-18 (CIFAR stem), EfficientNet-B0 (torchvision), a small CNN for CPU runs.
 
-Each model exposes ``blocks()``: the modules that activation checkpointing wraps one by one.
+Each model exposes ``blocks()``: the modules that activation checkpointing wraps one by one (other
+models: ``find_blocks``). Zoo models (torchvision/NAME, timm/NAME) are built by triaccel.hub, the
+user's own (model.class_path) by triaccel.userdef.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
@@ -124,7 +127,23 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
 }
 
 
-def build_model(cfg, num_classes: int, in_channels: int, image_size: int = 32) -> nn.Module:
+def build_model(cfg, num_classes: int, in_channels: int | None, image_size: int | None = 32,
+                meta: dict | None = None) -> nn.Module:
+    """The model ``cfg`` names, for data of ``num_classes`` classes (images of ``in_channels`` x
+    ``image_size``^2, or None for other inputs): the user's factory (model.class_path, given ``meta``
+    too: triaccel.userdef), a zoo model (torchvision/NAME, timm/NAME: triaccel.hub) or one of MODELS."""
+    if cfg.class_path is not None:
+        from triaccel.userdef import build_user_model
+
+        info = {"num_classes": num_classes, "in_channels": in_channels, "image_size": image_size}
+        return build_user_model(cfg, {**{k: v for k, v in info.items() if v is not None}, **(meta or {})})
+    if "/" in cfg.name:
+        from triaccel.hub import build_zoo_model
+
+        return build_zoo_model(cfg, num_classes, in_channels)
+    if in_channels is None:
+        raise ConfigError(f"model.name: {cfg.name} takes images [C, H, W]; the data's inputs are not images "
+                          f"(name a model of your own in model.class_path)")
     if cfg.name not in MODELS:
         raise ConfigError(f"model.name: unknown model {cfg.name!r} (valid: {', '.join(sorted(MODELS))})")
     # the dataset's own side (data.image_size unset); a set data.image_size was checked with the config
@@ -139,9 +158,26 @@ def _draws_random(m: nn.Module) -> bool:
     return "Dropout" in name or name == "StochasticDepth"
 
 
-def enable_checkpointing(model: nn.Module, first: int | None = None) -> int:
-    """Recompute each of ``model.blocks()`` (the first ``first`` of them, when given) in backward
-    instead of storing its activations.
+def find_blocks(model: nn.Module) -> list[nn.Module]:
+    """The modules activation checkpointing wraps: ``model.blocks()`` where the model has that method;
+    otherwise the children of the first nn.ModuleList or nn.Sequential of two or more modules of one
+    type that holds at least half of the model's parameters (a transformer's layers); otherwise the
+    model's top-level children that have parameters. Empty when there are none."""
+    own = getattr(model, "blocks", None)
+    if callable(own) and not isinstance(own, nn.Module):
+        return list(own())
+    total = sum(p.numel() for p in model.parameters())
+    for m in model.modules():
+        if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2 and len({type(c) for c in m}) == 1 \
+                and 2 * sum(p.numel() for p in m.parameters()) >= total > 0:
+            return list(m)
+    return [c for c in model.children() if next(c.parameters(), None) is not None]
+
+
+def enable_checkpointing(model: nn.Module, first: int | None = None, log=print) -> int:
+    """Recompute each of the model's blocks (``find_blocks``; the first ``first`` of them, when given)
+    in backward instead of storing its activations. A model without blocks trains without it (a line
+    says so).
 
     The block's forward is wrapped in place (parameter names and state_dict keys unchanged).
     The recomputation normalises with the batch's statistics as the forward did, but leaves the
@@ -149,7 +185,11 @@ def enable_checkpointing(model: nn.Module, first: int | None = None) -> int:
     acting like 0.19), so evaluation saw other statistics than the plain model's.
     Returns the number of blocks wrapped.
     """
-    blocks = model.blocks()
+    blocks = find_blocks(model)
+    if not blocks:
+        log(f"[checkpointing] {type(model).__name__} has no blocks (no blocks() method, no child module with "
+            f"parameters): activation checkpointing is off for this run")
+        return 0
     if first is not None:
         if first > len(blocks):
             raise ConfigError(f"checkpoint_blocks: {type(model).__name__} has {len(blocks)} blocks, got {first}")
@@ -162,19 +202,21 @@ def enable_checkpointing(model: nn.Module, first: int | None = None) -> int:
         random = any(_draws_random(m) for m in b.modules())
         norms = [m for m in b.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
 
-        def fwd(x, _f=inner_forward, _rng=random, _norms=norms):
+        def fwd(*args, _f=inner_forward, _rng=random, _norms=norms, **kwargs):
+            if kwargs:  # checkpoint passes keyword arguments on to the function it recomputes
+                _f = functools.partial(_f, **kwargs)
             if torch.is_grad_enabled() and torch.compiler.is_compiling():
                 # traced (compile): the checkpoint becomes one region whose recomputation the partitioner
                 # schedules from the traced ops, where a buffer update happens once, in the forward; the
                 # call counter below would stop the trace at every block (a graph break, the block eager)
-                return checkpoint(_f, x, use_reentrant=False, preserve_rng_state=_rng)
+                return checkpoint(_f, *args, use_reentrant=False, preserve_rng_state=_rng)
             if torch.is_grad_enabled():
                 calls = [0]
 
-                def run(x):
+                def run(*xs):
                     calls[0] += 1
                     if calls[0] == 1 or not _norms:
-                        return _f(x)
+                        return _f(*xs)
                     # the recomputation in backward: the same ops (checkpoint compares what they save),
                     # with an update factor of 0 (running = 1 * running + 0 * batch) for the norms that
                     # update (training mode) and their counters put back as they were, whatever ran
@@ -185,15 +227,15 @@ def enable_checkpointing(model: nn.Module, first: int | None = None) -> int:
                         if m.training:
                             m.momentum = 0.0
                     try:
-                        return _f(x)
+                        return _f(*xs)
                     finally:
                         for m, mom, n in zip(_norms, moms, counts):
                             m.momentum = mom
                             if n is not None:
                                 m.num_batches_tracked.copy_(n)
 
-                return checkpoint(run, x, use_reentrant=False, preserve_rng_state=_rng)
-            return _f(x)
+                return checkpoint(run, *args, use_reentrant=False, preserve_rng_state=_rng)
+            return _f(*args)
 
         b.forward = fwd
     return len(blocks)

@@ -1,4 +1,4 @@
-"""Per-layer precision at run time: each Conv2d/Linear runs in its own autocast region.
+"""Per-layer precision at run time: each layer (``layer_plan``) runs in its own autocast region.
 
 The precision controller decides a dtype per layer; this module applies it. Each layer's
 ``forward`` is wrapped (in place: parameter names and state_dict keys do not change):
@@ -10,13 +10,16 @@ The precision controller decides a dtype per layer; this module applies it. Each
 - FP32: autocast off for the layer, input cast up to fp32.
 
 Parameters stay fp32 (master weights); only the layer's compute dtype changes. Everything
-outside the layers (BatchNorm, activations, the loss) runs in the dtype of its input, outside
-any autocast region. ``force(torch.float32)`` runs every layer in fp32 for a while (the
+outside the layers (norms, activations, the loss) runs in the dtype of its input, outside
+any autocast region: torch's batch, layer, group and RMS norms take a 16-bit input with fp32
+weights (and under the one region of a uniform forward autocast runs them in fp32 anyway).
+``force(torch.float32)`` runs every layer in fp32 for a while (the
 curvature probes need double backward in full precision).
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -26,9 +29,57 @@ NAMES = {v: k for k, v in DTYPES.items()}
 LEVELS = ["fp16", "bf16", "fp32"]  # promotion order
 
 
+# Norms own parameters but get no region and no per-layer group: they take a 16-bit input as it comes
+# (module docstring), and as layers of their own they would double ResNet-18's 21 layers (its curvature
+# probe then switches from exact to batched) for parameters whose gradients the "_other" group serves.
+NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm,
+         *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()))
+
+
+@dataclass
+class LayerPlan:
+    """The layers the controllers act on, found on any nn.Module.
+
+    A layer is a module, not a norm, that owns a trainable parameter directly (Linear, Conv1d/2d/3d,
+    Embedding, a custom module with its own ``nn.Parameter``), in registration order. Each trainable
+    parameter belongs to the first layer that holds it: a weight tied between two modules (an
+    embedding and its output projection) is in one layer, once. Frozen parameters
+    (requires_grad=False) belong to none, buffers are never touched. ``aliases``: modules (not
+    norms) holding only parameters another layer owns (the tied projection); they run in their
+    owner's precision, since a 16-bit input meeting an fp32 weight outside autocast would fail."""
+    layers: list  # (name, module)
+    params: list  # each layer's own trainable parameters, in the order of ``layers``
+    aliases: list  # (module, owner layer name)
+
+    @property
+    def names(self) -> list[str]:
+        return [n for n, _ in self.layers]
+
+
+ROOT = "_root"  # the layer name of parameters the model holds itself (named_modules calls it "")
+
+
+def layer_plan(model: nn.Module) -> LayerPlan:
+    layers, params, aliases, owner = [], [], [], {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, NORMS):
+            continue
+        direct = [p for p in mod.parameters(recurse=False) if p.requires_grad]
+        own = [p for p in direct if id(p) not in owner]
+        if own:
+            name = name or ROOT  # the model itself holds a parameter (a position embedding, say)
+            for p in own:
+                owner[id(p)] = name
+            layers.append((name, mod))
+            params.append(own)
+        elif direct:
+            aliases.append((mod, owner[id(direct[0])]))
+    return LayerPlan(layers, params, aliases)
+
+
 def layer_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The layers the controllers act on: every Conv2d and Linear, in registration order."""
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    """The layers the controllers act on (``layer_plan``), as (name, module)."""
+    return layer_plan(model).layers
 
 
 def supported_levels(device: torch.device, cpu_fp16: bool = False) -> dict[str, str]:
@@ -61,8 +112,10 @@ class PrecisionRuntime:
     def __init__(self, model: nn.Module, device: torch.device, initial: str = "bf16", log=print,
                  uniform_fast_path: bool = True, cpu_fp16: bool = False):
         self.device_type = device.type
-        self.layers = layer_modules(model)
-        self.names = [n for n, _ in self.layers]
+        plan = layer_plan(model)
+        self.layers = plan.layers
+        self.layer_params = plan.params  # each layer's own trainable parameters (tied ones once)
+        self.names = plan.names
         self.fallback = supported_levels(device, cpu_fp16=cpu_fp16)
         for req, got in self.fallback.items():
             if req != got:
@@ -76,6 +129,8 @@ class PrecisionRuntime:
         for name, mod in self.layers:
             self._wrap(name, mod)
             self.set(name, initial)
+        for mod, owner in plan.aliases:
+            self._wrap(owner, mod)
 
     def _wrap(self, name: str, mod: nn.Module) -> None:
         inner = mod.forward
@@ -86,8 +141,11 @@ class PrecisionRuntime:
                 return inner(x, *args, **kwargs)  # inside the one region of a uniform forward
             dt = rt._override or rt._dtype[name]
             if dt is torch.float32:
+                # floating inputs up to fp32 (an embedding's token ids stay integers; an attention's
+                # key and value come up with its query)
+                up = lambda t: t.float() if torch.is_tensor(t) and t.is_floating_point() else t
                 with torch.autocast(rt.device_type, enabled=False):
-                    return inner(x.float(), *args, **kwargs)
+                    return inner(up(x), *map(up, args), **{k: up(v) for k, v in kwargs.items()})
             with torch.autocast(rt.device_type, dtype=dt, cache_enabled=False):
                 return inner(x, *args, **kwargs)
 

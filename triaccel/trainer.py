@@ -45,10 +45,11 @@ from triaccel.config import MAX_BATCH, TrainConfig, TriAccelConfig, from_dict
 from triaccel.controllers.batch import Buckets, bucket_ladder, split_size
 from triaccel.data import ElasticSampler, ResidentData, load_splits
 from triaccel.errors import TriAccelError
+from triaccel.userdef import TensorData, load_user_splits
 from triaccel.measure import GiB, MemoryMeter, free_device, sync
 from triaccel.metrics import efficiency_score, steady_epoch_time
 from triaccel.models import build_model, enable_checkpointing
-from triaccel.precision import DTYPES, PrecisionRuntime, layer_modules
+from triaccel.precision import DTYPES, PrecisionRuntime, layer_plan
 from triaccel.progress import bar as progress_bar
 from triaccel.schedule import WarmupCosine
 
@@ -228,14 +229,14 @@ def seed_everything(seed: int) -> None:
 
 
 def param_groups(model: nn.Module, per_layer: bool) -> list[dict]:
-    """One group per Conv2d/Linear layer (per-layer lr) plus one for the rest, or one group."""
+    """One group per layer (``triaccel.precision.layer_plan``: per-layer lr) plus one for the rest
+    (norms, parameters of no layer), or one group. Every trainable parameter is in exactly one
+    group (a tied weight once); frozen ones in none."""
     if not per_layer:
         return [{"params": [p for p in model.parameters() if p.requires_grad], "name": "all"}]
-    groups, seen = [], set()
-    for name, mod in layer_modules(model):
-        ps = [p for p in mod.parameters(recurse=False) if p.requires_grad]
-        seen.update(id(p) for p in ps)
-        groups.append({"params": ps, "name": name})
+    plan = layer_plan(model)
+    groups = [{"params": list(ps), "name": name} for name, ps in zip(plan.names, plan.params)]
+    seen = {id(p) for ps in plan.params for p in ps}
     rest = [p for p in model.parameters() if p.requires_grad and id(p) not in seen]
     if rest:
         groups.append({"params": rest, "name": "_other"})
@@ -298,14 +299,21 @@ class Trainer:
                 torch.cuda.set_per_process_memory_fraction(cfg.memory_limit_fraction, self.device)
 
         # ---- data: held-out validation split; test touched only by the final evaluation
-        self.splits = load_splits(cfg.data)
+        # the user's data (data.class_path: triaccel.userdef.UserSplits, batched as it is by TensorData) or a
+        # built-in dataset (Splits, augmented and normalised on the device by ResidentData)
+        self.user_data = cfg.data.class_path is not None
+        self.splits = load_user_splits(cfg.data) if self.user_data else load_splits(cfg.data)
         sp, dc = self.splits, cfg.data
         if self.device.type == "cuda":
             gc.collect()  # an earlier run's garbage goes now, not mid-run under this run's meter baseline
         before = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
-        mk = lambda s, aug, seed: ResidentData(s, self.device, sp.mean, sp.std, augment=aug and dc.augment,
-                                               padding=dc.crop_padding, resident=dc.device_resident, seed=seed,
-                                               kernel=dc.kernel)
+        if self.user_data:
+            mk = lambda s, aug, seed: None if s is None else TensorData(s, self.device, resident=dc.device_resident,
+                                                                        seed=seed)
+        else:
+            mk = lambda s, aug, seed: ResidentData(s, self.device, sp.mean, sp.std, augment=aug and dc.augment,
+                                                   padding=dc.crop_padding, resident=dc.device_resident, seed=seed,
+                                                   kernel=dc.kernel)
         self.train_data = mk(sp.train, True, cfg.seed)
         self.val_data = mk(sp.val, False, 0)
         self.test_data = mk(sp.test, False, 0)
@@ -318,7 +326,8 @@ class Trainer:
                                       device=self.device if dc.device_resident else None)
 
         # ---- model
-        self.model = build_model(cfg.model, sp.num_classes, sp.in_channels, sp.image_size).to(self.device)
+        self.model = build_model(cfg.model, sp.num_classes, sp.in_channels, sp.image_size,
+                                 meta=sp.meta if self.user_data else None).to(self.device)
         self.channels_last = cfg.channels_last
         if self.channels_last is None:  # auto: NHWC for conv models on CUDA (NCHW batch-norm kernels are slow there)
             self.channels_last = self.device.type == "cuda" and any(
@@ -326,9 +335,10 @@ class Trainer:
         if self.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
             for d in (self.train_data, self.val_data, self.test_data):
-                d.channels_last = True
+                if d is not None:
+                    d.channels_last = True
         if cfg.checkpointing:
-            enable_checkpointing(self.model, cfg.checkpoint_blocks)
+            enable_checkpointing(self.model, cfg.checkpoint_blocks, log=self.log)
         self.precision: PrecisionRuntime | None = None
         if cfg.mode == "triaccel":
             self.precision = PrecisionRuntime(self.model, self.device, initial=cfg.amp_dtype, log=self.log,
@@ -475,7 +485,7 @@ class Trainer:
                 for cb in self.callbacks:
                     self.apply(cb.on_epoch_end(self, metrics))
         summary = self.summary()
-        if self.cfg.evaluate_test:
+        if self.cfg.evaluate_test and self.test_data is not None:  # user data may come without a test split
             summary["test_acc"], summary["test_loss"] = self.evaluate(self.test_data)
         for cb in self.callbacks:
             cb.on_fit_end(self, summary)

@@ -6,9 +6,10 @@ whose weight is the token embedding's (tied). Inputs are token ids int64 [B, T] 
 the output is logits [B, T, vocab_size]. Initialisation as GPT-2: N(0, 0.02), the residual
 projections scaled by 1/sqrt(2 n_layer), biases zero.
 
-How the per-layer precision machinery sees it (triaccel.precision): every projection is an
-nn.Linear (attention's c_attn and c_proj, the MLP's c_fc and c_proj, the tied lm_head), so each
-gets its own level. The attention itself (softmax(QK^T / sqrt(d)) V, in
+How the per-layer precision machinery sees it (triaccel.precision.layer_plan): every projection
+(attention's c_attn and c_proj, the MLP's c_fc and c_proj) and both embeddings are layers with a level
+of their own; the tied lm_head holds no weight of its own and runs at the token embedding's level, so
+promoting ``wte`` promotes the output logits. The LayerNorms are no layers. The attention itself (softmax(QK^T / sqrt(d)) V, in
 ``F.scaled_dot_product_attention``) runs in the dtype its block's c_attn produced: promoting c_attn
 to fp32 promotes the attention logits with it. The residual stream stays fp32 (the embeddings are
 fp32 and fp32 + a 16-bit branch is fp32), so the LayerNorms normalise fp32 whatever the levels.

@@ -1,0 +1,343 @@
+"""The user's own model and data: class_path references, zoo models by name, the Python API, and the
+per-layer machinery on any nn.Module (tied and frozen parameters)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import yaml
+from torch.utils.data import TensorDataset
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent / "triaccel"  # the console script: the current folder is not on its path
+
+# A user package written into a temporary folder. The test process never imports it: the CLI finds it
+# in the folder it starts in, a search's Ray workers through runtime_env.
+PKG = {
+    "__init__.py": "",
+    "models.py": '''
+import torch.nn as nn
+
+
+def mlp(num_classes, in_channels, image_size, width=16):
+    return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_size * image_size, width), nn.ReLU(),
+                         nn.Linear(width, num_classes))
+
+
+def not_a_model(num_classes):
+    return "a string"
+''',
+    "data.py": '''
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+from triaccel.data import digits_arrays
+
+
+class Pairs(Dataset):  # a map-style Dataset other than a TensorDataset: stacked into tensors once
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.x[i], int(self.y[i])
+
+
+def digits(n=600, tensors=True):
+    x, y = digits_arrays()
+    x = torch.tensor(x[:n], dtype=torch.float32).unsqueeze(1) / 16
+    y = torch.tensor(y[:n])
+    cut = n * 4 // 5
+    mk = TensorDataset if tensors else Pairs
+    return {"train": mk(x[:cut], y[:cut]), "test": mk(x[cut:], y[cut:])}
+
+
+def broken(n=1):
+    raise RuntimeError("no such table")
+''',
+}
+
+CONFIG = {"epochs": 1, "batch_size": 64, "device": "cpu", "mode": "fp32", "eval_batch_size": 512,
+          "model": {"class_path": "ucpkg.models.mlp", "init_args": {"width": 16}},
+          "data": {"class_path": "ucpkg.data.digits", "init_args": {"n": 400}},
+          "optim": {"lr": 0.05, "warmup_epochs": 0.5}}
+
+
+def project(tmp_path: Path) -> Path:
+    d = tmp_path / "proj"
+    (d / "ucpkg").mkdir(parents=True)
+    for name, text in PKG.items():
+        (d / "ucpkg" / name).write_text(text)
+    return d
+
+
+def cli(*args, cwd, timeout=600):
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "TRIACCEL_TUNE_DIR", "PYTHONPATH")}
+    return subprocess.run([str(BIN), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+# --------------------------------------------------------------------------- bad references
+BAD = {
+    "missing module": ({"model": {"class_path": "nopkg_xyz.models.mlp"}}, "model.class_path: no module named 'nopkg_xyz'"),
+    "missing attribute": ({"model": {"class_path": "ucpkg.models.nothing"}},
+                          "model.class_path: module ucpkg.models has no attribute 'nothing'"),
+    "factory raises": ({"data": {"class_path": "ucpkg.data.broken"}},
+                       "data.class_path: ucpkg.data.broken(...) raised RuntimeError: no such table"),
+    "model not a Module": ({"model": {"class_path": "ucpkg.models.not_a_model", "init_args": {}}},
+                           "model.class_path: ucpkg.models.not_a_model(...) returned str, not a torch.nn.Module"),
+    "data of the wrong kind": ({"data": {"class_path": "ucpkg.models.mlp", "init_args": {}}},
+                               "data.class_path: ucpkg.models.mlp(...) raised TypeError"),
+    "unknown zoo model": ({"model": {"name": "torchvision/resnet_nine", "class_path": None, "init_args": {}}},
+                          "torchvision.models.list_models"),
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD))
+def test_bad_reference_is_one_line_before_anything_is_written(tmp_path, kind):
+    d = project(tmp_path)
+    over, said = BAD[kind]
+    train = {**CONFIG, **{k: {**CONFIG[k], **v} for k, v in over.items()}}
+    space = {"name": "bad", "trials": 2, "train": train,
+             "params": {"optim.lr": {"distribution": "loguniform", "low": 0.01, "high": 0.1}}}
+    (d / "space.yaml").write_text(yaml.safe_dump(space))
+    r = cli("search", "--space", "space.yaml", cwd=d)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("triaccel: error: ") and said in lines[0], r.stderr[-2000:]
+    assert not (d / "mlruns").exists()  # no MLflow store, no Tune folder
+
+
+# --------------------------------------------------------------------------- user data, in process
+def tiny_data(n=300, tensors=False):
+    from triaccel.data import digits_arrays
+
+    x, y = digits_arrays()
+    x = torch.tensor(x[:n], dtype=torch.float32).unsqueeze(1) / 16
+    y = torch.tensor(y[:n])
+    if tensors:
+        return {"train": TensorDataset(x, y)}
+
+    class Pairs(torch.utils.data.Dataset):
+        def __len__(self):
+            return n
+
+        def __getitem__(self, i):
+            return x[i].numpy(), int(y[i])
+
+    return {"train": Pairs()}
+
+
+def test_any_dataset_is_stacked_and_val_carved_stratified():
+    from triaccel.config import DataConfig
+    from triaccel.userdef import load_user_splits, reference_of
+
+    dc = DataConfig(class_path=reference_of(tiny_data, "data"), val_fraction=0.2, split_seed=3)
+    sp = load_user_splits(dc)
+    (xt, yt), (xv, yv) = sp.train, sp.val
+    assert xt.dtype == torch.float32 and tuple(xt.shape[1:]) == (1, 8, 8) and yt.dtype == torch.int64
+    assert len(yt) + len(yv) == 300 and sp.test is None
+    assert sp.num_classes == 10 and sp.in_channels == 1 and sp.image_size == 8
+    # stratified: every class is held out in proportion
+    for c in range(10):
+        n_c = int((yt == c).sum() + (yv == c).sum())
+        assert int((yv == c).sum()) == round(0.2 * n_c)
+    # the same split_seed carves the same split; another seed another
+    again = load_user_splits(dc)
+    assert torch.equal(again.val[1], yv) and torch.equal(again.val[0], xv)
+    dc.split_seed = 4
+    assert not torch.equal(load_user_splits(dc).val[0], xv)
+
+
+class TiedFrozen(nn.Module):
+    """Token ids -> an embedding tied to the output head, a custom module with its own parameter,
+    a LayerNorm, and a frozen projection."""
+
+    def __init__(self, vocab_size, num_classes, dim=16):
+        super().__init__()
+        assert vocab_size == num_classes
+        self.emb = nn.Embedding(vocab_size, dim)
+        self.scale = Scale(dim)
+        self.norm = nn.LayerNorm(dim)
+        self.frozen = nn.Linear(dim, dim)
+        self.frozen.requires_grad_(False)
+        self.head = nn.Linear(dim, vocab_size, bias=False)
+        self.head.weight = self.emb.weight  # tied
+
+    def forward(self, x):
+        h = self.emb(x).mean(1)
+        return self.head(self.frozen(self.norm(self.scale(h))))
+
+
+class Scale(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.g = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * self.g
+
+
+def token_data(n=256, T=6, vocab=12):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, vocab, (n, T), generator=g)
+    y = x[:, 0]  # the first token: learnable through the mean of the embeddings
+    return {"train": TensorDataset(x, y), "meta": {"vocab_size": vocab, "num_classes": vocab}}
+
+
+def test_tied_and_frozen_parameters_under_the_controllers():
+    from triaccel.api import load
+    from triaccel.control import build_trainer
+    from triaccel.trainer import Decisions
+
+    cfg = load({"mode": "triaccel", "epochs": 2, "batch_size": 32, "device": "cpu", "eval_batch_size": 256,
+                "optim": {"lr": 0.1, "warmup_epochs": 0}, "tracking": {"enabled": False},
+                "triaccel": {"control_every": 4, "batch": {"enabled": False}}},
+               model=TiedFrozen, data=token_data)
+    t = build_trainer(cfg, [], log=lambda *a: None)
+    m = t.model
+    ids = [id(p) for g in t.optimizer.param_groups for p in g["params"]]
+    assert len(ids) == len(set(ids))  # no parameter twice in the optimizer
+    trainable = {id(p) for p in m.parameters() if p.requires_grad}
+    assert set(ids) == trainable  # every trainable parameter once; the frozen ones in none
+    assert id(m.frozen.weight) not in ids and id(m.frozen.bias) not in ids
+    names = t.group_names
+    assert names[:2] == ["emb", "scale"] and "head" not in names and "norm" not in names
+    assert t.precision.names == names[:2]
+    assert names[-1] == "_other"  # the LayerNorm's parameters
+    frozen_before = m.frozen.weight.detach().clone()
+    # the layers at different levels: the tied head runs in its owner's precision, the LayerNorm as it comes
+    t.apply(Decisions(levels={"emb": "fp32", "scale": "bf16"}))
+    s = t.fit()
+    assert torch.isfinite(torch.tensor(s["val_acc"]))
+    assert torch.equal(m.frozen.weight, frozen_before)
+    assert m.head.weight is m.emb.weight
+
+
+def test_checkpointing_finds_blocks_or_steps_aside():
+    from triaccel.models import enable_checkpointing, find_blocks
+
+    seq = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    assert find_blocks(seq) == [seq[0], seq[2]]  # top-level children with parameters
+
+    class Stack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp = nn.Linear(4, 8)
+            self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+
+        def forward(self, x):
+            x = self.inp(x)
+            for layer in self.layers:
+                x = torch.relu(layer(x))
+            return x
+
+    st = Stack()
+    assert find_blocks(st) == list(st.layers)  # the repeated blocks holding most parameters
+    x = torch.randn(3, 4)
+    want = st(x)
+    said = []
+    assert enable_checkpointing(st, log=said.append) == 4
+    got = st(x)
+    got.sum().backward()
+    assert torch.allclose(got, want) and st.inp.weight.grad is not None
+
+    class Bare(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(3))
+
+        def forward(self, x):
+            return x * self.w
+
+    assert enable_checkpointing(Bare(), log=said.append) == 0
+    assert len(said) == 1 and "activation checkpointing is off" in said[0]
+
+
+# --------------------------------------------------------------------------- zoo models by name
+def test_torchvision_model_by_name_follows_the_data():
+    from triaccel.api import train
+
+    r = train({"epochs": 1, "batch_size": 100, "device": "cpu", "mode": "fp32", "evaluate_test": False,
+               "model": {"name": "torchvision/mobilenet_v3_small", "kwargs": {"width_mult": 0.25}},
+               "tracking": {"enabled": False}}, data=lambda: tiny_data(200, tensors=True))
+    assert r.summary["epochs"] == 1 and r.config["model"]["name"] == "torchvision/mobilenet_v3_small"
+
+    from triaccel.config import ModelConfig
+    from triaccel.hub import build_zoo_model
+
+    m = build_zoo_model(ModelConfig(name="torchvision/mobilenet_v3_small", kwargs={"width_mult": 0.25}), 7, 1)
+    first = next(x for x in m.modules() if isinstance(x, nn.Conv2d))
+    assert first.in_channels == 1  # one-channel data: the first conv rebuilt
+    assert m(torch.randn(2, 1, 8, 8)).shape == (2, 7)  # the head follows num_classes
+
+
+def test_timm_model_by_name():
+    timm = pytest.importorskip("timm")
+    from triaccel.config import ModelConfig
+    from triaccel.errors import ConfigError
+    from triaccel.hub import build_zoo_model
+
+    name = "test_resnet" if timm.is_model("test_resnet") else "resnet10t"
+    m = build_zoo_model(ModelConfig(name=f"timm/{name}"), 5, 1)
+    assert m(torch.randn(2, 1, 16, 16)).shape == (2, 5)
+    with pytest.raises(ConfigError, match=r"timm\.list_models\(\)"):
+        build_zoo_model(ModelConfig(name="timm/not_a_model_xyz"), 5, 1)
+
+
+# --------------------------------------------------------------------------- end to end on Ray
+@pytest.mark.slow
+def test_user_package_search_export_train(tmp_path):
+    """The workers import the package only through the search's runtime_env; the export keeps the references."""
+    d = project(tmp_path)
+    train = {**CONFIG, "epochs": 2, "mode": "triaccel",
+             "triaccel": {"control_every": 4, "batch": {"enabled": False}}}
+    space = {"name": "uc", "trials": 2, "concurrency": 2, "scheduler": "none", "sampler": "random", "seed": 1,
+             "baseline": {"batch_sizes": [64], "accuracy_margin": 100.0}, "train": train,
+             "params": {"optim.lr": {"distribution": "loguniform", "low": 0.01, "high": 0.1}}}
+    (d / "space.yaml").write_text(yaml.safe_dump(space))
+    r = cli("search", "--space", "space.yaml", "--confirm", "0", cwd=d)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "2 finished" in r.stdout and "0 failed" in r.stdout, r.stdout[-2000:]  # the workers imported ucpkg
+    state = yaml.safe_load((d / "mlruns" / "tune" / "uc" / "triaccel_search.json").read_text())
+    assert state["runtime_env"]["py_modules"] == [str(d / "ucpkg")]
+    r = cli("export", "uc", "--out", "tuned.yaml", cwd=d)
+    assert r.returncode == 0, r.stderr[-2000:]
+    tuned = yaml.safe_load((d / "tuned.yaml").read_text())
+    assert tuned["model"]["class_path"] == "ucpkg.models.mlp" and tuned["data"]["class_path"] == "ucpkg.data.digits"
+    assert tuned["data"]["init_args"] == {"n": 400}
+    r = cli("train", "--config", "tuned.yaml", "--set", "epochs=1", cwd=d)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "ucpkg.models.mlp on ucpkg.data.digits" in r.stdout and "test acc" in r.stdout
+
+
+@pytest.mark.slow
+def test_readme_notebook_example_runs_as_written(tmp_path):
+    """docs/examples/notebook.py is the README's example: run as it is, in an empty folder. Its functions
+    live in __main__ (no import path): the search ships them to the workers by value."""
+    r = subprocess.run([sys.executable, str(ROOT / "docs" / "examples" / "notebook.py")], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=900,
+                       env={k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "TRIACCEL_TUNE_DIR")})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    trained = next(ln for ln in r.stdout.splitlines() if ln.startswith("trained:"))
+    assert float(trained.split()[1]) > 0
+    searched = next(ln for ln in r.stdout.splitlines() if ln.startswith("searched:"))
+    assert "'best':" in searched and "0 failed, 4 trials in MLflow" in r.stdout
+    state = yaml.safe_load((tmp_path / "mlruns" / "tune" / "notebook-digits" / "triaccel_search.json").read_text())
+    assert state["callables"] == {"model.class_path": "callable:make_model", "data.class_path": "callable:make_data"}
+    # another process does not know those functions: resume says in one line that they must be handed again
+    r = cli("resume", "notebook-digits", cwd=tmp_path)
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1
+    assert "hand it again" in r.stderr and "triaccel.resume" in r.stderr
+
+
+def test_api_import_is_cheap_and_search_stays_callable():
+    code = ("import sys, triaccel; assert not {'torch', 'ray', 'mlflow'} & set(sys.modules), sys.modules.keys(); "
+            "assert callable(triaccel.train) and triaccel.DataSplits(train=1).val is None; "
+            "import triaccel.search.runner; assert callable(triaccel.search) and triaccel.search.runner")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]

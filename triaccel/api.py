@@ -1,0 +1,237 @@
+"""The Python API, for notebooks and scripts: ``triaccel.train``, ``triaccel.search``, ``triaccel.resume``.
+
+``config`` and ``space`` are a YAML path or a dict. ``model`` and ``data`` are factories
+(functions or classes, called as triaccel.userdef describes) or import-path strings; they set
+model.class_path and data.class_path (their init_args stay the config's). The `triaccel train`
+and `triaccel search` commands are thin shells over these functions. Ray and MLflow are imported
+only when a function needs them.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from triaccel.errors import ConfigError, TriAccelError, interrupted
+
+
+@dataclass
+class TrainResult:
+    summary: dict  # val_acc, epoch_time_last5_s, peak_mem_gib, efficiency, (test_acc) ...
+    config: dict  # the configuration trained, as a dict (triaccel.config.to_dict)
+    run_id: Optional[str] = None  # its MLflow run (None with tracking.enabled: false)
+    tracking_uri: Optional[str] = None
+
+
+@dataclass
+class SearchResult:
+    name: str
+    best_config: dict  # what `triaccel export NAME` writes ({} when nothing can be exported): triaccel.train(it)
+    picked: Optional[str]  # "trial", "baseline" when no trial beat the static baseline, None: nothing
+    ratio: Optional[float]  # the pick's efficiency over the reference baseline's (None without baselines)
+    baselines: list = field(default_factory=list)  # {"run": label, "run_id", "efficiency", "val_acc"}
+    run_ids: dict = field(default_factory=dict)  # {"best": ..., "reference_baseline": ...}
+    tracking_uri: Optional[str] = None
+    counts: dict = field(default_factory=dict)  # finished, feasible, failed, trials
+
+
+def _with_refs(data: dict, model, data_factory) -> dict:
+    from triaccel.userdef import reference_of
+
+    data = dict(data)
+    for section, fn in (("model", model), ("data", data_factory)):
+        if fn is not None:
+            sec = data.get(section) or {}
+            if not isinstance(sec, dict):
+                raise ConfigError(f"{section}: must be a mapping")
+            data[section] = {**sec, "class_path": reference_of(fn, section)}
+    return data
+
+
+def load(config: str | os.PathLike | dict, model=None, data=None, overrides: list[str] | None = None):
+    """A TrainConfig from a path or dict, with the model and data factories set."""
+    from triaccel.config import load_config, read_yaml
+
+    path = None if isinstance(config, dict) else config
+    raw = read_yaml(config) if path is not None else config
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config: must be a YAML path or a dict, got {type(config).__name__}")
+    try:
+        return load_config(None, overrides, base=_with_refs(raw, model, data))
+    except ConfigError as e:
+        if path is not None and not str(e).startswith("--set"):
+            raise ConfigError(f"{path}: {e}") from None
+        raise
+
+
+def train(config: str | os.PathLike | dict, model: Callable | str | None = None, data: Callable | str | None = None,
+          overrides: list[str] | None = None, on_trainer: Callable | None = None) -> TrainResult:
+    """Train one run. ``overrides``: ``key=value`` strings as `--set` takes; ``on_trainer(trainer)`` is
+    called before set-up (the CLI installs its SIGTERM handler there)."""
+    cfg = load(config, model, data, overrides)
+    return run_config(cfg, on_trainer)
+
+
+def run_config(cfg, on_trainer: Callable | None = None) -> TrainResult:
+    from triaccel.config import to_dict
+    from triaccel.control import build_trainer
+
+    callbacks = []
+    logger = None
+    if cfg.tracking.enabled:
+        from triaccel.tracking import MLflowLogger
+
+        logger = MLflowLogger(cfg)
+        callbacks.append(logger)
+    trainer = build_trainer(cfg, callbacks, setup=False)
+    if on_trainer is not None:
+        on_trainer(trainer)
+    try:
+        trainer.setup()
+        test = f"{len(trainer.test_data)} test" if trainer.test_data is not None else "no test split"
+        data_name = cfg.data.class_path or cfg.data.name
+        print(f"triaccel train: {cfg.model.label()} on {data_name} ({len(trainer.train_data)} train / "
+              f"{len(trainer.val_data)} val / {test}), mode {cfg.mode}, device {trainer.device}", flush=True)
+        summary = trainer.fit()
+        from triaccel import errors
+
+        if errors.TERMINATED:  # SIGTERM: the loop stopped at a step boundary
+            raise KeyboardInterrupt
+    except BaseException as e:
+        _close_failed(logger, trainer, e)
+        raise
+    if logger is not None:
+        for cb in trainer.callbacks:
+            if hasattr(cb, "log_artifacts"):
+                cb.log_artifacts(logger.client, logger.run_id)
+        logger.finish()
+    line = (f"val acc {summary['val_acc']:.2f}%  epoch time (last 5) {summary['epoch_time_last5_s']:.3f}s  "
+            f"peak mem {summary['peak_mem_gib']:.3f} GiB ({summary['mem_source']})  "
+            f"efficiency {summary['efficiency']:.2f}")
+    if "test_acc" in summary:
+        line += f"  test acc {summary['test_acc']:.2f}%"
+    print(line)
+    uri = None
+    if logger is not None:
+        from triaccel.tracking import tracking_uri
+
+        uri = tracking_uri(cfg.tracking.tracking_uri)
+        print(f"MLflow run {logger.run_id} in experiment '{cfg.tracking.experiment}' at {uri}  (browse: triaccel ui)")
+    return TrainResult(summary, to_dict(cfg), logger.run_id if logger is not None else None, uri)
+
+
+def _close_failed(logger, trainer, e: BaseException) -> None:
+    """The MLflow run of a failed or stopped training closed as FAILED or KILLED; a full disk said in one line."""
+    from triaccel.errors import disk_full
+
+    full = disk_full(e) if isinstance(e, Exception) else None
+    # Ctrl-C or SIGTERM that landed inside a library call (MLflow's SQL layer wraps it in its own error)
+    stopped = interrupted(e)
+    if logger is not None:
+        try:
+            # stdout closed by its reader (`| head`): stopped by the user, as Ctrl-C is
+            logger.finish("KILLED" if stopped or isinstance(e, BrokenPipeError) else "FAILED",
+                          reason=f"{type(e).__name__}: {e}")
+        except Exception:  # noqa: BLE001 -- a full store cannot take the status either: the error below says why
+            if full is None and not stopped:
+                raise
+    if full is not None:  # was MLflow's traceback, exit 1
+        raise TriAccelError(f"a disk this run writes is full ({full}): training stopped after epoch "
+                            f"{getattr(trainer, 'epoch', '?')}; free space and train again") from None
+    if stopped and not isinstance(e, KeyboardInterrupt):
+        raise KeyboardInterrupt from None
+
+
+def _space_file(space: str | os.PathLike | dict, model, data) -> tuple[str, Optional[tempfile.TemporaryDirectory]]:
+    """A space path as given, or (a dict, or a path with factories to set) written to a temporary YAML."""
+    import yaml
+
+    if not isinstance(space, dict) and model is None and data is None:
+        return str(space), None
+    from triaccel.config import read_yaml
+
+    raw = dict(space) if isinstance(space, dict) else read_yaml(space)
+    train = raw.get("train") if isinstance(raw.get("train"), dict) else {}
+    if model is not None or data is not None:
+        raw["train"] = _with_refs(train, model, data)
+    name = raw.get("name") or (Path(space).stem if not isinstance(space, dict) else "space")
+    d = tempfile.TemporaryDirectory(prefix="triaccel-space-")
+    p = Path(d.name) / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return str(p), d
+
+
+def search(space: str | os.PathLike | dict, model: Callable | str | None = None, data: Callable | str | None = None,
+           name: str | None = None, trials: int | None = None, concurrency: int | None = None,
+           gpus_per_trial: float | None = None, address: str | None = None,
+           confirm: int | None = None, read_back: bool = True, fresh_baselines: bool = False,
+           warm_start: str | None = None, warm_start_k: int | None = None) -> SearchResult | None:
+    """Search a space (as `triaccel search`) and return its outcome (``read_back``: False returns None,
+    as the CLI, which has printed it). Factories handed here reach the Ray workers (by value when they
+    have no import path: a notebook's functions). ``warm_start`` names an earlier search whose best
+    ``warm_start_k`` feasible trials run first; ``fresh_baselines`` re-measures reusable baselines."""
+    from triaccel.search.runner import run_search
+
+    path, tmp = _space_file(space, model, data)
+    try:
+        if name is None and (isinstance(space, dict) or model is not None or data is not None):
+            from triaccel.config import read_yaml
+
+            name = read_yaml(path).get("name") or Path(path).stem
+        out = run_search(path, name=name, trials=trials, concurrency=concurrency, gpus_per_trial=gpus_per_trial,
+                         address=address, confirm=confirm, fresh_baselines=fresh_baselines,
+                         warm_start=warm_start, warm_start_k=warm_start_k)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    return outcome(name or _space_name(path), out) if read_back else None
+
+
+def _space_name(path: str) -> str:
+    from triaccel.search.space import load_space
+
+    return load_space(path).name
+
+
+def resume(name: str, model: Callable | str | None = None, data: Callable | str | None = None,
+           address: str | None = None, confirm: int | None = None) -> SearchResult:
+    """Continue a stopped search; a search started with functions that have no import path needs them again."""
+    from triaccel.search.runner import read_state, resume_search
+    from triaccel.userdef import CALLABLES, is_callable_ref
+
+    train = read_state(name)["space"].get("train") or {}
+    for section, fn in (("model", model), ("data", data)):
+        ref = (train.get(section) or {}).get("class_path")
+        if fn is not None and is_callable_ref(ref) and not isinstance(fn, str):
+            CALLABLES[ref] = fn
+    return outcome(name, resume_search(name, address=address, confirm=confirm))
+
+
+def outcome(name: str, out: dict | None = None) -> SearchResult:
+    """A finished search read back: its pick as `export` writes it, its baselines and run ids."""
+    import yaml
+
+    from triaccel.search.runner import export, read_outcome, read_state, state_store
+    from triaccel.search.space import parse_space
+
+    with tempfile.TemporaryDirectory(prefix="triaccel-export-") as d:
+        try:
+            p = export(name, str(Path(d) / "best.yaml"))
+            best = yaml.safe_load(p.read_text())
+        except TriAccelError as e:  # nothing to export (every trial failed): the result says why
+            print(f"triaccel: note: {e}", flush=True)
+            best = {}
+    prov = best.get("provenance") or {}
+    state = read_state(name)
+    uri = state_store(state)
+    o = read_outcome(name, parse_space(state["space"], source=state["source"], sha256=state["sha256"]), uri)
+    bases = [{"run": b["tags"].get("triaccel.baseline"), "run_id": b["run_id"],
+              "efficiency": b["metrics"].get("efficiency"), "val_acc": b["metrics"].get("val_acc")}
+             for b in o.baselines]
+    base = prov.get("baseline") or {}
+    ids = {"best": prov.get("mlflow_run_id"), "reference_baseline": base.get("mlflow_run_id")}
+    counts = {k: (out or {}).get(k) for k in ("finished", "feasible", "failed", "trials")}
+    return SearchResult(name, best, prov.get("exported"), base.get("ratio"), bases, ids, uri, counts)
+
