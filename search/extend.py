@@ -96,7 +96,7 @@ def extend_search(name: str, trials: int, address: str | None = None, confirm: i
           f"trials; Tune state in {tune_dir}", flush=True)
     with interruptible(name, uri):
         ref_curve = run_baselines(name, space, uri, state["shared"])  # finished already: read, not trained
-        _init_ray(address or state.get("address"))
+        _init_ray(address or state.get("address"), runtime_env=state.get("runtime_env"))
         quiet_tune_failures()
         searcher = _searcher(more, seeds)
         with own_signals(), phases.timed(uri, name, "trials"):
