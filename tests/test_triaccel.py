@@ -409,3 +409,20 @@ def test_stats_every_above_control_every_is_refused():
 
     with pytest.raises(ConfigError, match=r"triaccel.stats_every: must be in \[1, control_every \(10\)\]"):
         small_cfg(**{"mode": "triaccel", "triaccel.control_every": 10, "triaccel.stats_every": 20})
+
+
+@pytest.mark.parametrize("off", [None, "precision", "curvature"])
+def test_loop_timing_counts_host_seconds_of_each_part_it_runs(off):
+    """``timing`` (reported as ctrl_stats_s, ctrl_curvature_s, ctrl_window_s): host seconds in the statistics
+    launches, the curvature refreshes and the windows; a part that never runs adds nothing."""
+    over = {"epochs": 1, "triaccel.curvature.method": "fisher", "triaccel.batch.enabled": False}
+    if off:
+        over[f"triaccel.{off}.enabled"] = False
+    t, loop = tri_trainer(**over)
+    s = t.fit()
+    m = t.history.epochs[-1]
+    assert loop.timing["window_s"] > 0 and m["ctrl_window_s"] == loop.timing["window_s"]
+    assert (loop.timing["curvature_s"] > 0) == (off != "curvature")
+    # the statistics feed the precision controller and the Fisher proxy: off only when neither reads them
+    assert loop.timing["stats_s"] > 0
+    assert s["efficiency"] > 0
