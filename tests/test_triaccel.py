@@ -426,3 +426,24 @@ def test_loop_timing_counts_host_seconds_of_each_part_it_runs(off):
     # the statistics feed the precision controller and the Fisher proxy: off only when neither reads them
     assert loop.timing["stats_s"] > 0
     assert s["efficiency"] > 0
+
+
+@pytest.mark.parametrize("rule", ["normalized", "paper"])
+def test_curvature_promotion_compares_tau_curv_with_the_lr_rules_quantity(rule):
+    """config.py: tau_curv is compared with the quantity the lr rule uses, lambda (paper) or lambda / median
+    lambda (normalized). Every layer at lambda 500 and one at 1e5, tau_curv 100: the paper rule promotes
+    every layer, the normalized one only the outlier (its ratio is 200; the others' is 1)."""
+    t, loop = tri_trainer(**{"epochs": 1, "triaccel.curvature.method": "fisher", "triaccel.curvature.lr_rule": rule,
+                             "triaccel.curvature.tau_curv": 100.0, "triaccel.curvature.every": 10 ** 6,
+                             "triaccel.precision.tau_low": 1e30, "triaccel.precision.tau_high": 1e31,
+                             "triaccel.batch.enabled": False})
+    t.train_step(torch.arange(16))  # step 1: the statistics and a first refresh exist
+    loop.fisher_acc.fill_(500.0)
+    loop.fisher_acc[0] = 1e5
+    loop.fisher_n = 1
+    loop.curv.lam = [None] * loop.L  # the EMA starts from these values
+    loop._refresh_curvature(t)
+    assert loop.lam[0] == 1e5 and set(loop.lam[1:]) == {500.0}
+    loop._control_window(t, 4)
+    promoted = [e > b for e, b in zip(loop.prec.effective, loop.prec.base)]
+    assert promoted == ([True] * loop.L if rule == "paper" else [True] + [False] * (loop.L - 1)), promoted

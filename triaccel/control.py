@@ -286,7 +286,9 @@ class TriAccelLoop(Callback):
         self.nonfinite.zero_()
         row = {"window": self.window, "step": step, "epoch": tr.epoch + 1}
         if self.prec is not None:
-            dec = self.prec.update(var[:self.L], self.window, curvature=self.lam if self.curv else None,
+            # the curvature controller's own promotion flags: tau_curv compared with what its lr_rule
+            # compares (normalized: lambda / median lambda, as config.py documents; paper: lambda)
+            dec = self.prec.update(var[:self.L], self.window, promote=self.promote if self.curv else None,
                                    overflow=overflow[:self.L])
             self.pending.levels = dict(zip(self.names, dec.levels))
             row["precision_changed"] = dec.changed
