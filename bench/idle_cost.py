@@ -132,7 +132,7 @@ def interleaved(space, variants: list[str], args, seed: int) -> dict:
     for v in variants:  # built before any compiles: CompiledForward resets torch's caches when it is made
         cfg = from_dict(TrainConfig, train_dict(space, v, args.data_dir, args.epochs, seed))
         probes[v] = Probe(args.epochs, args.profile_steps)
-        trainers[v] = build_trainer(cfg, callbacks=[probes[v]], log=lambda *a: None)
+        trainers[v] = build_trainer(cfg, callbacks=[probes[v]], log=lambda *a, v=v: print(f"  [{v}]", *a))
     with ExitStack() as stack:  # one cuBLAS workspace setting for all (the same config key in each)
         for t in trainers.values():
             stack.enter_context(t.cublas_scope())
@@ -150,6 +150,7 @@ def interleaved(space, variants: list[str], args, seed: int) -> dict:
         out[v] = {"epoch_times_s": times, "steady_median_s": statistics.median(times[1:-1]), "steps": last["steps"],
                   "batch_size": last["batch_size"], "val_acc": last["val_acc"], "peak_mem_gib": last["peak_mem_gib"],
                   "compiled_graphs": last.get("compiled_graphs"), "graph_breaks": last.get("graph_breaks"),
+                  "compile_disabled": last.get("compile_disabled"), "graph_keys": last.get("graph_keys"),
                   "replays": last.get("replays"), "captures": last.get("captures"), **probes[v].out}
         if t.loop is not None:
             out[v]["ctrl"] = {k: last.get(k) for k in last if k.startswith("ctrl_")}
