@@ -72,8 +72,8 @@ def _sync():
 class Probe(Callback):
     """Profiles steps [start, start+n) of the last epoch under torch.profiler, then the next n under cProfile."""
 
-    def __init__(self, epochs: int, n: int, start: int = 20):
-        self.last, self.n, self.start = epochs - 1, n, start
+    def __init__(self, epochs: int, n: int, start: int = 20, host: bool = False):
+        self.last, self.n, self.start, self.host = epochs - 1, n, start, host
         self.k, self.prof, self.cprof, self.out = 0, None, None, {}
 
     def on_step_end(self, tr, info):
@@ -91,9 +91,10 @@ class Probe(Callback):
             _sync()
             self.prof.__exit__(None, None, None)
             self.out.update(count_events(self.prof, self.n))
-            self.cprof = cProfile.Profile()
-            self.cprof.enable()
-        elif self.k == c:
+            if self.host:  # one cProfile at a time in a process: interleaved trainers take turns via --cprofile
+                self.cprof = cProfile.Profile()
+                self.cprof.enable()
+        elif self.k == c and self.cprof is not None:
             _sync()
             self.cprof.disable()
             s = io.StringIO()
@@ -131,7 +132,7 @@ def interleaved(space, variants: list[str], args, seed: int) -> dict:
     trainers, probes = {}, {}
     for v in variants:  # built before any compiles: CompiledForward resets torch's caches when it is made
         cfg = from_dict(TrainConfig, train_dict(space, v, args.data_dir, args.epochs, seed))
-        probes[v] = Probe(args.epochs, args.profile_steps)
+        probes[v] = Probe(args.epochs, args.profile_steps, host=v == args.cprofile)
         trainers[v] = build_trainer(cfg, callbacks=[probes[v]], log=lambda *a, v=v: print(f"  [{v}]", *a))
     with ExitStack() as stack:  # one cuBLAS workspace setting for all (the same config key in each)
         for t in trainers.values():
@@ -166,6 +167,7 @@ def main():
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--profile-steps", type=int, default=200)
+    ap.add_argument("--cprofile", default=None, help="the one variant whose host functions cProfile records")
     ap.add_argument("--label", default="", help="what this code is (before/after), recorded with the revision")
     ap.add_argument("--rev", default=None, help="the git revision (the GPU machine's copy has no .git)")
     args = ap.parse_args()
