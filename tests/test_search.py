@@ -666,3 +666,7 @@ def test_the_judge_pairs_trial_and_reference_by_seed_at_the_production_length(tm
         assert prov["exported"] == "baseline" and prov["judge"]["exported"] == "baseline"
         assert doc["mode"] == "amp" and "triaccel" not in doc and prov["mlflow_run_id"] == b.info.run_id
         assert "lower bound" in prov["why"]
+    # export --epochs overrides the space's production length (the lr schedule stretches to it)
+    r = cli("export", "j", "--out", "tuned3.yaml", "--epochs", "3", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert yaml.safe_load((tmp_path / "tuned3.yaml").read_text())["epochs"] == 3
