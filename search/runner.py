@@ -1182,7 +1182,7 @@ def check_out(out: str, force: bool) -> Path:
 
 
 def list_searches() -> list[dict]:
-    from triaccel.search.results import pick
+    from triaccel.search.judge import final_pick, judged
 
     out = []
     for name in list_names():
@@ -1201,8 +1201,10 @@ def list_searches() -> list[dict]:
             # what `export` would write (results.pick), not the best trial: where nothing feasible beat the
             # baseline the listing showed a trial's score below it, or '-', while export wrote the baseline
             with contextlib.suppress(ConfigError):  # nothing to export yet
-                chosen = pick(o, space.objective, "best")
-                ref = o.reference["metrics"]["efficiency"] if o.reference is not None else None
+                j = judged(name, space, state_store(st), o)  # at the production length, where judged
+                chosen = final_pick(o, space, j)
+                ref = (j.mean_metrics("baseline") if j is not None else o.reference["metrics"])["efficiency"] \
+                    if o.reference is not None else None
                 item.update(best=chosen.measured["efficiency"], exports=chosen.kind,
                             ratio=chosen.measured["efficiency"] / ref if ref else None)
         except Exception as e:  # a store that moved: still list the search
