@@ -16,6 +16,7 @@ References: ``reference.sgd_step_ref`` / ``adamw_step_ref`` (and torch.optim its
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -26,6 +27,7 @@ from triaccel.kernels.reference import adamw_step_ref, sgd_step_ref
 from triaccel.kernels.stats import _dense
 
 BLOCK = 2048
+ALIGNED = False  # alignment hints in the SGD kernel (bench/sgd_state_bench.py measures them; off: not proven)
 
 
 @triton.jit
@@ -41,9 +43,30 @@ def _bf16_rne(x):
 
 
 @triton.jit
+def _to_bf16(x, HW: tl.constexpr):
+    """fp32 -> bf16 rounded to nearest even: the GPU's own conversion (one instruction) where ``HW``,
+    else ``_bf16_rne``'s integer arithmetic (the interpreter, whose cast truncates). Both give the same
+    bits, NaN included (tests/test_kernels.py; the CUDA test compares them)."""
+    if HW:
+        return x.to(tl.bfloat16, fp_downcast_rounding="rtne")
+    else:
+        return _bf16_rne(x)
+
+
+def hw_bf16() -> bool:
+    """The kernels' bf16 stores use the GPU's conversion, except under the interpreter (TRITON_INTERPRET=1).
+    ``HW_BF16`` set to True or False overrides it (bench/sgd_state_bench.py compares the two)."""
+    return HW_BF16 if HW_BF16 is not None else os.environ.get("TRITON_INTERPRET") != "1"
+
+
+HW_BF16: bool | None = None
+
+
+@triton.jit
 def _sgd_kernel(table_ptr, lr_ptr, lr_mult, scale_ptr, found_inf_ptr, momentum, weight_decay,
                 HAS_MOMENTUM: tl.constexpr, NESTEROV: tl.constexpr, HAS_SCALE: tl.constexpr,
-                HAS_INF: tl.constexpr, STATE_BF16: tl.constexpr, BLOCK: tl.constexpr):
+                HAS_INF: tl.constexpr, STATE_BF16: tl.constexpr, BLOCK: tl.constexpr, HW_BF16: tl.constexpr = False,
+                ALIGNED: tl.constexpr = False):
     pid = tl.program_id(0).to(tl.int64)
     row = table_ptr + pid * 7
     p_ptr = tl.load(row).to(tl.pointer_type(tl.float32))
@@ -52,6 +75,10 @@ def _sgd_kernel(table_ptr, lr_ptr, lr_mult, scale_ptr, found_inf_ptr, momentum, 
         m_ptr = tl.load(row + 2).to(tl.pointer_type(tl.bfloat16))
     else:
         m_ptr = tl.load(row + 2).to(tl.pointer_type(tl.float32))
+    if ALIGNED:  # every tensor 16-byte aligned (measured only: bench/sgd_state_bench.py)
+        p_ptr = tl.multiple_of(p_ptr, 16)
+        g_ptr = tl.multiple_of(g_ptr, 16)
+        m_ptr = tl.multiple_of(m_ptr, 16)
     start = tl.load(row + 3)
     n = tl.load(row + 4)
     group = tl.load(row + 6)
@@ -69,7 +96,7 @@ def _sgd_kernel(table_ptr, lr_ptr, lr_mult, scale_ptr, found_inf_ptr, momentum, 
         m = tl.load(m_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         m = momentum * m + g
         if STATE_BF16:
-            tl.store(m_ptr + offs, _bf16_rne(m), mask=mask)
+            tl.store(m_ptr + offs, _to_bf16(m, HW_BF16), mask=mask)
         else:
             tl.store(m_ptr + offs, m, mask=mask)
         if NESTEROV:
@@ -81,7 +108,8 @@ def _sgd_kernel(table_ptr, lr_ptr, lr_mult, scale_ptr, found_inf_ptr, momentum, 
 
 @triton.jit
 def _adamw_kernel(table_ptr, lr_ptr, lr_mult, scale_ptr, found_inf_ptr, step_ptr, beta1, beta2, eps, weight_decay,
-                  HAS_SCALE: tl.constexpr, HAS_INF: tl.constexpr, STATE_BF16: tl.constexpr, BLOCK: tl.constexpr):
+                  HAS_SCALE: tl.constexpr, HAS_INF: tl.constexpr, STATE_BF16: tl.constexpr, BLOCK: tl.constexpr,
+                  HW_BF16: tl.constexpr = False):
     pid = tl.program_id(0).to(tl.int64)
     row = table_ptr + pid * 8
     p_ptr = tl.load(row).to(tl.pointer_type(tl.float32))
@@ -114,8 +142,8 @@ def _adamw_kernel(table_ptr, lr_ptr, lr_mult, scale_ptr, found_inf_ptr, step_ptr
     v = beta2 * v + (1.0 - beta2) * g * g
     p = p - (lr / bc1) * m / (tl.sqrt(v) / bc2_sqrt + eps)
     if STATE_BF16:
-        tl.store(m_ptr + offs, _bf16_rne(m), mask=mask)
-        tl.store(v_ptr + offs, _bf16_rne(v), mask=mask)
+        tl.store(m_ptr + offs, _to_bf16(m, HW_BF16), mask=mask)
+        tl.store(v_ptr + offs, _to_bf16(v, HW_BF16), mask=mask)
     else:
         tl.store(m_ptr + offs, m, mask=mask)
         tl.store(v_ptr + offs, v, mask=mask)
@@ -333,7 +361,7 @@ class FusedSGD(_FusedBase):
             _sgd_kernel[(table.shape[0],)](table, lr_dev, float(lr_mult), scale_t, found_t, float(mom), float(wd),
                                            HAS_MOMENTUM=mom != 0, NESTEROV=bool(nest), HAS_SCALE=scale is not None,
                                            HAS_INF=found is not None, STATE_BF16=self.state_dtype == torch.bfloat16,
-                                           BLOCK=BLOCK, num_warps=4)
+                                           BLOCK=BLOCK, HW_BF16=hw_bf16(), ALIGNED=ALIGNED, num_warps=4)
         else:
             lrs = [self.param_groups[i]["lr"] for i in gid]
             sgd_step_ref(ps, gs, bufs, lrs, momentum=mom, weight_decay=wd, nesterov=nest,
@@ -379,7 +407,7 @@ class FusedAdamW(_FusedBase):
             _adamw_kernel[(table.shape[0],)](table, lr_dev, float(lr_mult), scale_t, found_t, step_t, float(b1), float(b2),
                                              float(eps), float(wd), HAS_SCALE=scale is not None,
                                              HAS_INF=found is not None, STATE_BF16=self.state_dtype == torch.bfloat16,
-                                           BLOCK=BLOCK, num_warps=4)
+                                             BLOCK=BLOCK, HW_BF16=hw_bf16(), num_warps=4)
         else:
             lrs = [self.param_groups[i]["lr"] for i in gid]
             adamw_step_ref(ps, gs, ms, vs, lrs, int(step_t.item()), beta1=b1, beta2=b2, eps=eps, weight_decay=wd,

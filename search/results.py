@@ -315,3 +315,68 @@ def trade_words(t: dict) -> str:
 
 def fmt(x: float | None, spec: str = ".2f", none: str = "-") -> str:
     return none if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+# --------------------------------------------------------------------------- judging at the production length
+# one-sided 95 % quantiles of Student's t by degrees of freedom (1 .. 30); the normal's beyond
+_T95 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.796, 1.782, 1.771, 1.761, 1.753,
+        1.746, 1.740, 1.734, 1.729, 1.725, 1.721, 1.717, 1.714, 1.711, 1.708, 1.706, 1.703, 1.701, 1.699, 1.697)
+
+
+def t95(df: int) -> float:
+    """The one-sided 95 % quantile of Student's t with ``df`` degrees of freedom."""
+    if df < 1:
+        raise ValueError(f"t95: degrees of freedom must be >= 1, got {df}")
+    return _T95[df - 1] if df <= len(_T95) else 1.645
+
+
+@dataclass
+class Paired:
+    """A candidate against the reference, seed by seed, at the production length."""
+    key: str  # the trial's run id, or "baseline"
+    seeds: tuple
+    ratios: tuple  # efficiency / the reference's at the same seed
+    acc_diffs: tuple  # validation accuracy minus the reference's at the same seed (pp)
+    mean: float
+    std: float  # sample standard deviation (0 with one seed)
+    lower: float | None  # one-sided 95 % lower bound of the mean ratio (None with one seed)
+    acc_mean: float
+    preferred: bool  # lower bound above 1.0 and accuracy within the margin
+    why: str
+
+
+def paired(key: str, cand: dict, ref: dict, margin: float) -> Paired | None:
+    """``cand`` and ``ref``: seed -> metrics (efficiency, val_acc). None where no seed has both."""
+    seeds = tuple(sorted(s for s in cand if s in ref))
+    if not seeds:
+        return None
+    ratios = tuple(cand[s]["efficiency"] / ref[s]["efficiency"] for s in seeds)
+    diffs = tuple(cand[s]["val_acc"] - ref[s]["val_acc"] for s in seeds)
+    n = len(seeds)
+    mean = sum(ratios) / n
+    std = math.sqrt(sum((r - mean) ** 2 for r in ratios) / (n - 1)) if n > 1 else 0.0
+    lower = mean - t95(n - 1) * std / math.sqrt(n) if n > 1 else None
+    acc = sum(diffs) / n
+    if lower is None:
+        ok, why = False, "one seed: no lower bound"
+    elif acc < -margin:
+        ok, why = False, f"accuracy {acc:+.2f} pp, beyond the {margin:g} pp margin"
+    elif lower <= 1.0:
+        ok, why = False, f"lower bound {lower:.3f} <= 1.0"
+    else:
+        ok, why = True, f"lower bound {lower:.3f} > 1.0"
+    return Paired(key, seeds, ratios, diffs, mean, std, lower, acc, ok, why)
+
+
+def verdict(pairs: list) -> Paired | None:
+    """The candidate to export: the preferred one (``Paired.preferred``) with the highest mean ratio;
+    None: none is preferred, the static reference is exported."""
+    ok = [p for p in pairs if p is not None and p.preferred]
+    return max(ok, key=lambda p: p.mean) if ok else None
+
+
+def paired_words(p: Paired) -> str:
+    """'1.023 ± 0.010 over 3 seeds, 95 % lower bound 1.001, d.acc +0.12 pp'."""
+    low = "-" if p.lower is None else f"{p.lower:.3f}"
+    return (f"ratio {p.mean:.3f} ± {p.std:.3f} over {len(p.seeds)} seed{'s' if len(p.seeds) > 1 else ''}, "
+            f"95 % lower bound {low}, d.acc {p.acc_mean:+.2f} pp")

@@ -895,13 +895,16 @@ def _cell(v) -> str:
 
 def finish(name: str, space: SearchSpace, uri: str, confirm: int) -> dict:
     from triaccel.search import baseline_cache
-    from triaccel.search.results import fmt, pick
+    from triaccel.search.judge import final_pick, judged, run_judge, summary_lines
+    from triaccel.search.results import fmt
 
     if confirm:
         with phases.timed(uri, name, "confirm"):
             confirm_top(name, space, uri, confirm)
+            run_judge(name, space, uri, confirm)
     o = read_outcome(name, space, uri)
-    record_best(name, space, uri, o)
+    j = judged(name, space, uri, o)
+    record_best(name, space, uri, o, j)
     print(f"\nsearch '{name}': {len(o.ranked)} finished ({len(o.feasible)} feasible), {len(o.stopped)} stopped early, "
           f"{len(o.failed)} failed, {o.trials} trials in MLflow")
     keys = list(space.params)
@@ -929,9 +932,11 @@ def finish(name: str, space: SearchSpace, uri: str, confirm: int) -> dict:
         if x.gaps:
             print(f"  second look {x.row['trial_id']} (+): d.acc {x.gaps[0]:+.2f} at the first seed, {x.gaps[1]:+.2f} "
                   f"at the next, mean {x.gap:+.2f}: {'feasible' if x.feasible else 'infeasible'}")
+    for line in summary_lines(j, o) if j is not None else ():
+        print(line)
     p = None
     try:
-        p = pick(o, space.objective, "best")
+        p = final_pick(o, space, j)
     except TriAccelError:
         pass
     if p is not None and p.kind == "baseline":
@@ -945,15 +950,16 @@ def finish(name: str, space: SearchSpace, uri: str, confirm: int) -> dict:
             "best": best, "pick": p.kind if p else None}
 
 
-def record_best(name: str, space: SearchSpace, uri: str, o) -> None:
-    """The parent run's best: the same pick ``export`` makes (set again after confirm runs)."""
-    from triaccel.search.results import pick
+def record_best(name: str, space: SearchSpace, uri: str, o, j=None) -> None:
+    """The parent run's best: the same pick ``export`` makes (set again after confirm runs); ``j``:
+    the judge's verdict at the production length (``triaccel.search.judge``), recorded with it."""
+    from triaccel.search.judge import final_pick
     from triaccel.tracking import log_metrics, log_yaml_artifact
 
     c, exp = _client(uri)
     parent = parent_run(name, space, uri)
     try:
-        p = pick(o, space.objective, "best")
+        p = final_pick(o, space, j)
     except TriAccelError:
         return
     c.set_tag(parent, "best_run_id", p.row["run_id"])
@@ -961,11 +967,15 @@ def record_best(name: str, space: SearchSpace, uri: str, o) -> None:
     m = {"best_efficiency": p.measured["efficiency"], "best_val_acc": p.measured.get("val_acc", math.nan),
          "trials_feasible": len(o.feasible)}
     if o.reference is not None:
-        m["reference_efficiency"] = o.reference["metrics"]["efficiency"]
-        m["best_ratio_to_baseline"] = p.measured["efficiency"] / o.reference["metrics"]["efficiency"]
+        ref = j.mean_metrics("baseline") if j is not None else o.reference["metrics"]  # at the judged length
+        m["reference_efficiency"] = ref["efficiency"]
+        m["best_ratio_to_baseline"] = p.measured["efficiency"] / ref["efficiency"]
+    if j is not None and j.winner is not None:
+        m["best_paired_ratio_mean"], m["best_paired_ratio_lower95"] = j.winner.mean, j.winner.lower
     log_metrics(c, parent, m, step=o.trials)
     log_yaml_artifact(c, parent, {"kind": p.kind, "why": p.reason, "run_id": p.row["run_id"], "values": p.row["values"],
-                                  "metrics": p.measured}, "best_config.yaml")
+                                  "metrics": p.measured, **({"judge": j.provenance()} if j else {})},
+                      "best_config.yaml")
 
 
 def _close_cut_short(name: str, uri: str) -> None:
@@ -1088,7 +1098,8 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
     schedule stretches to it, warm-up epochs stay as searched."""
     from triaccel.config import TrainConfig, from_dict, to_dict
     from triaccel.search import baseline_cache
-    from triaccel.search.results import gpu_seconds, payback, pick, trade
+    from triaccel.search.judge import final_pick, judged
+    from triaccel.search.results import gpu_seconds, payback, trade
     from triaccel.tracking import git_revision
 
     if epochs is not None and not 1 <= epochs <= MAX_EXPORT_EPOCHS:
@@ -1099,7 +1110,8 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
     uri = state_store(state)
     _client(uri, write=False)  # export only reads the store: one on a read-only disk will do
     o = read_outcome(name, space, uri)
-    chosen = pick(o, space.objective, how)
+    j = judged(name, space, uri, o)
+    chosen = final_pick(o, space, j, how)
     row, measured = chosen.row, chosen.measured
     finished = search_finished(name, uri)
     if finished is False:  # exported without a word while the search ran, or after it was stopped (a tester's report)
@@ -1118,6 +1130,9 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
     train["evaluate_test"] = True
     cfg = from_dict(TrainConfig, train)  # what `triaccel train --config` will accept
     searched_epochs = cfg.epochs
+    epochs_flag = epochs
+    if epochs is None and space.production_epochs:  # the length the space declares (and the judge judged at)
+        epochs = space.production_epochs
     if epochs is not None:
         w = cfg.optim.warmup_epochs
         if w is not None and epochs < w:  # named by the flag the user typed, not by a key they never set
@@ -1126,6 +1141,8 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
                               f"export with --epochs {math.ceil(w)} or more")
         cfg = dataclasses.replace(cfg, epochs=epochs)
     data = to_dict(cfg)
+    if cfg.mode != "triaccel":  # a static export: no triaccel section that nothing reads
+        data.pop("triaccel", None)
     keep = ("efficiency", "val_acc", "epoch_time_last5_s", "peak_mem_gib", "shared_trials")
     prov = {
         "search": name, "exported": chosen.kind, "why": chosen.reason, "mlflow_run_id": row["run_id"],
@@ -1137,8 +1154,10 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
         "space_file": state["source"], "space_sha256": state["sha256"], "search_finished": finished,
         "exported_at": datetime.datetime.now().isoformat(timespec="seconds"), "git_revision": git_revision(),
         "device_s_by_phase": phases.read(*_client(uri, write=False), name)}
+    if j is not None:
+        prov["judge"] = j.provenance()
     if o.reference is not None:
-        ref = o.reference["metrics"]
+        ref = {**o.reference["metrics"], **(j.mean_metrics("baseline") if j is not None else {})}
         # a trial's accuracy difference as the rules judged it (the mean of two seeds after a second look)
         ranked = next((x for x in o.ranked if x.row["run_id"] == row["run_id"]), None) \
             if chosen.kind == "trial" else None
@@ -1147,14 +1166,17 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
             **baseline_cache.provenance(o.reference),
             "metrics": {k: float(v) for k, v in ref.items() if k in keep},
             "ratio": measured["efficiency"] / ref["efficiency"],
-            "val_acc_diff_pp": measured["val_acc"] - ref["val_acc"] if ranked is None else ranked.gap,
+            "val_acc_diff_pp": (j.winner.acc_mean if j is not None and j.winner is not None and chosen.kind == "trial"
+                                else measured["val_acc"] - ref["val_acc"] if ranked is None else ranked.gap),
             "accuracy_margin_pp": space.margin,
             **({"second_look": {"gaps_pp": list(ranked.gaps), "mlflow_run_ids": list(ranked.second_runs)}}
                if ranked is not None and ranked.gaps else {}),
             **trade(measured, ref), **payback(gpu_seconds(o.runs), ref["epoch_time_last5_s"], measured["epoch_time_last5_s"])}
     data["provenance"] = prov
     length = (f"# Scored over the search's {searched_epochs} epochs; set to {cfg.epochs} for production (--epochs).\n"
-              if epochs is not None else
+              if epochs_flag is not None else
+              f"# Trains {cfg.epochs} epochs, the space's production_epochs (the search scored {searched_epochs}); "
+              f"export --epochs N sets another length.\n" if epochs is not None else
               f"# Trains {cfg.epochs} epochs, the search's budget: for a production run add --set epochs=N "
               f"(the lr schedule stretches to N), or export with --epochs N.\n")
     text = (f"# Exported by `triaccel export {name}` from MLflow run {row['run_id']} ({chosen.reason}).\n"
@@ -1211,7 +1233,7 @@ def check_out(out: str, force: bool) -> Path:
 
 
 def list_searches() -> list[dict]:
-    from triaccel.search.results import pick
+    from triaccel.search.judge import final_pick, judged
 
     out = []
     for name in list_names():
@@ -1230,8 +1252,10 @@ def list_searches() -> list[dict]:
             # what `export` would write (results.pick), not the best trial: where nothing feasible beat the
             # baseline the listing showed a trial's score below it, or '-', while export wrote the baseline
             with contextlib.suppress(ConfigError):  # nothing to export yet
-                chosen = pick(o, space.objective, "best")
-                ref = o.reference["metrics"]["efficiency"] if o.reference is not None else None
+                j = judged(name, space, state_store(st), o)  # at the production length, where judged
+                chosen = final_pick(o, space, j)
+                ref = (j.mean_metrics("baseline") if j is not None else o.reference["metrics"])["efficiency"] \
+                    if o.reference is not None else None
                 item.update(best=chosen.measured["efficiency"], exports=chosen.kind,
                             ratio=chosen.measured["efficiency"] / ref if ref else None)
         except Exception as e:  # a store that moved: still list the search

@@ -61,7 +61,8 @@ from triaccel.errors import ConfigError
 
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "categorical")
 TOP_KEYS = {"name", "objective", "trials", "concurrency", "gpus_per_trial", "cpus_per_trial", "scheduler",
-            "sampler", "seed", "grace_period", "train", "params", "description", "baseline", "start"}
+            "sampler", "seed", "grace_period", "train", "params", "description", "baseline", "start",
+            "production_epochs", "judge_seeds"}
 BASELINE_KEYS = {"batch_sizes", "amp_dtypes", "capture", "compile", "accuracy_margin", "second_look"}
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead")
 PARAM_KEYS = {"distribution", "low", "high", "step", "choices", "above"}
@@ -104,6 +105,10 @@ class SearchSpace:
     margin: float = 0.5
     second_look: float = 1.0  # pp beyond the margin that earns a trial a second seed (results.to_recheck)
     start: list = field(default_factory=list)  # points to evaluate first, in Optuna's names (``sampled``)
+    # the length a user trains the export for; the judge (triaccel.search.judge) re-runs the leading
+    # trials and the reference there, paired by seed, over judge_seeds seeds. None: no such judging
+    production_epochs: int | None = None
+    judge_seeds: int = 3
     source: str = "<dict>"
     sha256: str = ""
     raw: dict = field(default_factory=dict)
@@ -462,6 +467,12 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "", strict: bo
     (space.baseline_batches, space.baseline_dtypes, space.baseline_capture, space.baseline_compile,
      space.margin, space.second_look) = _baseline(src, data.get("baseline"), base)
     space.start = _start(src, data.get("start"), space)
+    if data.get("production_epochs") is not None:
+        space.production_epochs = opt("production_epochs", int, None, lambda v: base.epochs <= v <= 100_000,
+                                      f"must be in [train.epochs ({base.epochs}), 100000]: the length the "
+                                      f"export is trained for, judged at that length")
+    space.judge_seeds = opt("judge_seeds", int, 3, lambda v: 2 <= v <= 20,
+                            "must be in [2, 20]: a lower bound over seeds needs at least two")
     for label, d in space.baseline_runs():  # built after the parent run: one that cannot train fails at load
         try:
             from_dict(TrainConfig, d)

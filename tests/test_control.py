@@ -409,3 +409,41 @@ def test_stats_every_above_control_every_is_refused():
 
     with pytest.raises(ConfigError, match=r"triaccel.stats_every: must be in \[1, control_every \(10\)\]"):
         small_cfg(**{"mode": "triaccel", "triaccel.control_every": 10, "triaccel.stats_every": 20})
+
+
+@pytest.mark.parametrize("off", [None, "precision", "curvature"])
+def test_loop_timing_counts_host_seconds_of_each_part_it_runs(off):
+    """``timing`` (reported as ctrl_stats_s, ctrl_curvature_s, ctrl_window_s): host seconds in the statistics
+    launches, the curvature refreshes and the windows; a part that never runs adds nothing."""
+    over = {"epochs": 1, "triaccel.curvature.method": "fisher", "triaccel.batch.enabled": False}
+    if off:
+        over[f"triaccel.{off}.enabled"] = False
+    t, loop = tri_trainer(**over)
+    s = t.fit()
+    m = t.history.epochs[-1]
+    assert loop.timing["window_s"] > 0 and m["ctrl_window_s"] == loop.timing["window_s"]
+    assert (loop.timing["curvature_s"] > 0) == (off != "curvature")
+    # the statistics feed the precision controller and the Fisher proxy: off only when neither reads them
+    assert loop.timing["stats_s"] > 0
+    assert s["efficiency"] > 0
+
+
+@pytest.mark.parametrize("rule", ["normalized", "paper"])
+def test_curvature_promotion_compares_tau_curv_with_the_lr_rules_quantity(rule):
+    """config.py: tau_curv is compared with the quantity the lr rule uses, lambda (paper) or lambda / median
+    lambda (normalized). Every layer at lambda 500 and one at 1e5, tau_curv 100: the paper rule promotes
+    every layer, the normalized one only the outlier (its ratio is 200; the others' is 1)."""
+    t, loop = tri_trainer(**{"epochs": 1, "triaccel.curvature.method": "fisher", "triaccel.curvature.lr_rule": rule,
+                             "triaccel.curvature.tau_curv": 100.0, "triaccel.curvature.every": 10 ** 6,
+                             "triaccel.precision.tau_low": 1e30, "triaccel.precision.tau_high": 1e31,
+                             "triaccel.batch.enabled": False})
+    t.train_step(torch.arange(16))  # step 1: the statistics and a first refresh exist
+    loop.fisher_acc.fill_(500.0)
+    loop.fisher_acc[0] = 1e5
+    loop.fisher_n = 1
+    loop.curv.lam = [None] * loop.L  # the EMA starts from these values
+    loop._refresh_curvature(t)
+    assert loop.lam[0] == 1e5 and set(loop.lam[1:]) == {500.0}
+    loop._control_window(t, 4)
+    promoted = [e > b for e, b in zip(loop.prec.effective, loop.prec.base)]
+    assert promoted == ([True] * loop.L if rule == "paper" else [True] + [False] * (loop.L - 1)), promoted

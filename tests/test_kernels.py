@@ -382,7 +382,8 @@ def test_bf16_state_survives_a_checkpoint_bit_for_bit(device, kind, kw):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_bf16_state_rounds_every_float_as_torch_does_and_keeps_nans(device):
-    """The kernel's own fp32 -> bf16 rounding (integer arithmetic) against torch's cast, through the
+    """The kernel's fp32 -> bf16 rounding (the GPU's conversion on CUDA, integer arithmetic under the
+    interpreter: kernels/fused_optim.py's _to_bf16) against torch's cast, through the
     momentum buffer (zero, so it stores the gradient): random bit patterns, exponent carries, the
     largest finite values, infinities, subnormals, and NaNs of every kind (0x7FFFFFFF, the NaN a
     GPU's arithmetic makes, came out as -0.0 before the NaN guard)."""

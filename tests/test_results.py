@@ -210,3 +210,84 @@ def test_a_trial_infeasible_by_a_hair_gets_a_second_seed_and_the_mean_gap_decide
         o = R.outcome(rows, confirms, BASE, epochs=4, rechecks=rechecks)
         near = next(x for x in o.ranked if x.row["run_id"] == "near")
         assert not near.feasible and near.gaps == () and near.gap == pytest.approx(-0.8)
+
+
+# --------------------------------------------------------------------------- the judge at the production length
+def _seeds(effs, accs):
+    return {s: {"efficiency": e, "val_acc": a, "epoch_time_last5_s": 1.0, "peak_mem_gib": 1.0}
+            for s, (e, a) in enumerate(zip(effs, accs))}
+
+
+REF = _seeds([100.0, 110.0, 90.0], [80.0, 80.0, 80.0])
+
+
+def test_t95_matches_the_table_and_refuses_zero_degrees():
+    assert R.t95(1) == pytest.approx(6.314) and R.t95(2) == pytest.approx(2.920) and R.t95(1000) == 1.645
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        R.t95(0)
+
+
+def test_paired_ratio_mean_std_and_one_sided_lower_bound():
+    # ratios 1.03, 1.02, 1.04 against a reference that moves with the seed: pairing cancels that move
+    p = R.paired("a", _seeds([103.0, 112.2, 93.6], [80.1, 79.9, 80.0]), REF, margin=0.5)
+    assert p.seeds == (0, 1, 2) and p.ratios == pytest.approx((1.03, 1.02, 1.04))
+    assert p.mean == pytest.approx(1.03) and p.std == pytest.approx(0.01)
+    assert p.lower == pytest.approx(1.03 - 2.920 * 0.01 / 3 ** 0.5)
+    assert p.acc_mean == pytest.approx(0.0) and p.preferred and "lower bound 1.013 > 1.0" in p.why
+
+
+def test_a_higher_mean_with_seed_noise_is_not_preferred():
+    # mean ratio 1.03, but one seed lost: the lower bound falls below 1.0 and the static run is exported
+    p = R.paired("noisy", _seeds([112.0, 105.6, 95.4], [80.0, 80.0, 80.0]), REF, margin=0.5)
+    assert p.mean == pytest.approx((1.12 + 0.96 + 1.06) / 3)
+    assert p.lower < 1.0 and not p.preferred and "<= 1.0" in p.why
+    assert R.verdict([p]) is None
+
+
+def test_accuracy_beyond_the_margin_loses_whatever_the_ratio():
+    p = R.paired("fast", _seeds([150.0, 165.0, 135.0], [79.0, 79.2, 79.4]), REF, margin=0.5)
+    assert p.lower > 1.0 and p.acc_mean == pytest.approx(-0.8) and not p.preferred and "margin" in p.why
+
+
+def test_one_seed_has_no_bound_and_unpaired_seeds_are_left_out():
+    one = R.paired("one", {0: REF[0] | {"efficiency": 200.0}, 7: REF[0]}, REF, margin=0.5)
+    assert one.seeds == (0,) and one.lower is None and not one.preferred
+    assert R.paired("none", {9: REF[0]}, REF, margin=0.5) is None
+
+
+def test_verdict_takes_the_preferred_with_the_best_mean():
+    a = R.paired("a", _seeds([103.0, 112.2, 93.6], [80.0] * 3), REF, margin=0.5)
+    b = R.paired("b", _seeds([105.0, 115.5, 94.5], [80.0] * 3), REF, margin=0.5)
+    c = R.paired("c", _seeds([300.0, 110.0, 90.0], [80.0] * 3), REF, margin=0.5)  # mean 1.67, not preferred
+    assert R.verdict([a, c, b]).key == "b"
+    assert "ratio 1.050 ± 0.000 over 3 seeds, 95 % lower bound 1.050, d.acc +0.00 pp" == R.paired_words(b)
+
+
+def _judged_outcome(cand_effs):
+    from triaccel.search import judge as J
+
+    rows = [run("t1", 80.0, 83.0), run("t2", 75.0, 83.0)]
+    o = R.outcome(rows, [], BASE, epochs=4)
+    jr = [run(f"j-b{s}", e, 84.0, epoch=8, role="judge", judges="baseline", **{"triaccel.seed": str(s)})
+          for s, e in enumerate([100.0, 110.0, 90.0])]
+    jr += [run(f"j-t1{s}", e * r, 84.0, epoch=8, role="judge", judges="t1", **{"triaccel.seed": str(s)})
+           for s, (e, r) in enumerate(zip([100.0, 110.0, 90.0], cand_effs))]
+    runs = J.judged_runs([dict(x, tags={**x["tags"], J.TAG_JUDGES: x["tags"]["judges"]}) for x in jr], 8)
+    pairs = [R.paired("t1", runs["t1"], runs["baseline"], 0.5)]
+    return o, J.Judged(8, [0, 1, 2], "b512", pairs, R.verdict(pairs), runs)
+
+
+def test_the_judged_pick_is_the_static_reference_unless_a_trial_beats_it_at_the_bound():
+    from triaccel.search.judge import final_pick
+
+    space = type("S", (), {"objective": "efficiency"})()
+    o, j = _judged_outcome([0.95, 0.94, 0.96])  # the search's best trial loses at the production length
+    p = final_pick(o, space, j)
+    assert p.kind == "baseline" and p.row["run_id"] == "b512" and "95 % lower bound" in p.reason
+    assert p.measured["efficiency"] == pytest.approx(100.0)  # the reference's mean over the judged seeds
+    assert j.provenance()["exported"] == "baseline" and j.provenance()["candidates"][0]["preferred"] is False
+    o, j = _judged_outcome([1.05, 1.04, 1.06])
+    p = final_pick(o, space, j)
+    assert p.kind == "trial" and p.row["run_id"] == "t1"
+    assert p.measured["efficiency"] == pytest.approx((105.0 + 114.4 + 95.4) / 3)  # its mean at 8 epochs
+    assert final_pick(o, space, None).row["run_id"] == "t1"  # not judged: the search's own pick

@@ -629,3 +629,45 @@ def test_readme_main_job_runs_as_written(tmp_path):
     r = cli("train", "--config", "tuned.yaml", "--set", "epochs=12", cwd=tmp_path)  # README's production line
     assert r.returncode == 0 and "test acc" in r.stdout, r.stderr[-2000:]
     assert "epoch  12/12" in r.stdout
+
+
+def test_the_judge_pairs_trial_and_reference_by_seed_at_the_production_length(tmp_path):
+    """production_epochs: the confirmed trial and the reference are re-run alone at that length, at the
+    same seeds; export decides on the paired ratios' lower bound and writes the length judged. A static
+    winner is written as the static run it is: mode amp, no triaccel section."""
+    space = dict(SPACE, trials=1, concurrency=1, production_epochs=2, judge_seeds=2)
+    space["params"] = {"optim.lr": {"distribution": "categorical", "choices": [0.05, 0.1]}}
+    space["start"] = [{"optim.lr": 0.05}]
+    space["train"] = dict(SPACE["train"], epochs=1)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    r = cli("search", "--space", "space.yaml", "--name", "j", "--confirm", "1", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (t,), (b,) = trial_runs(tmp_path, "j")[1], trial_runs(tmp_path, "j", role="baseline")[1]
+    _, judged = trial_runs(tmp_path, "j", role="judge")
+    by = {(x.data.tags["triaccel.judges"], int(x.data.tags["triaccel.seed"])): x for x in judged}
+    assert set(by) == {("baseline", 0), ("baseline", 1), (t.info.run_id, 0), (t.info.run_id, 1)}, set(by)
+    # really trained at that length and seed (the config each run logged), alone
+    assert all(x.info.status == "FINISHED" and x.data.params["epochs"] == "2" and x.data.params["seed"] == str(s)
+               and x.data.tags["shared_trials"] == "1" for (_, s), x in by.items())
+    ratios = [by[(t.info.run_id, s)].data.metrics["efficiency"] / by[("baseline", s)].data.metrics["efficiency"]
+              for s in (0, 1)]
+    assert "judged at 2 epochs (the production length)" in r.stdout, r.stdout
+    assert re.search(r"ratio \d\.\d{3} ± \d\.\d{3} over 2 seeds, 95 % lower bound", r.stdout), r.stdout
+    r = cli("export", "j", "--out", "tuned.yaml", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = yaml.safe_load((tmp_path / "tuned.yaml").read_text())
+    prov, cand = doc["provenance"], doc["provenance"]["judge"]["candidates"][0]
+    assert doc["epochs"] == 2 and prov["judge"]["seeds"] == [0, 1]
+    assert cand["ratios"] == pytest.approx(ratios) and cand["mlflow_run_id"] == t.info.run_id
+    mean, sd = sum(ratios) / 2, abs(ratios[0] - ratios[1]) / 2 ** 0.5
+    assert cand["lower_bound_95"] == pytest.approx(mean - 6.314 * sd / 2 ** 0.5)
+    if cand["lower_bound_95"] > 1.0:
+        assert prov["exported"] == "trial" and doc["mode"] == "triaccel"
+    else:  # the static reference, as the baseline ran it
+        assert prov["exported"] == "baseline" and prov["judge"]["exported"] == "baseline"
+        assert doc["mode"] == "amp" and "triaccel" not in doc and prov["mlflow_run_id"] == b.info.run_id
+        assert "lower bound" in prov["why"]
+    # export --epochs overrides the space's production length (the lr schedule stretches to it)
+    r = cli("export", "j", "--out", "tuned3.yaml", "--epochs", "3", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert yaml.safe_load((tmp_path / "tuned3.yaml").read_text())["epochs"] == 3

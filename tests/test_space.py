@@ -327,3 +327,15 @@ def test_ignored_data_keys_are_refused_in_a_new_space_not_in_a_saved_one():
             parse_space({"train": {"data": data}, "params": lr}, source="s.yaml", strict=True)
         saved = parse_space({"train": {"data": data}, "params": lr}, source="s.yaml")
         assert saved.train["data"] == data
+
+
+def test_production_epochs_and_judge_seeds_are_read_and_bad_values_named():
+    base = yaml.safe_load((ROOT / "spaces" / "quickstart.yaml").read_text())
+    s = parse_space(dict(base, production_epochs=12, judge_seeds=4))
+    assert (s.production_epochs, s.judge_seeds) == (12, 4)
+    s = parse_space(base)
+    assert (s.production_epochs, s.judge_seeds) == (None, 3)  # undeclared: no judging at another length
+    for key, bad, why in (("production_epochs", 2, r"must be in \[train.epochs \(4\), 100000\]"),
+                          ("production_epochs", "8", "must be int"), ("judge_seeds", 1, r"must be in \[2, 20\]")):
+        with pytest.raises(ConfigError, match=f"^<dict>: {key}: {why}"):
+            parse_space(dict(base, **{key: bad}))

@@ -45,6 +45,9 @@ class TriAccelLoop(Callback):
         self.shared_trials = shared_trials  # >1: trials share the GPU, so NVML pressure matters
         self.trajectory: list[dict] = []
         self.window = 0
+        # host seconds spent in each part of the loop, whole run (``summary``: ctrl_*_s): the statistics
+        # launches, the curvature refreshes, the control and batch windows (their one host read included,
+        # which waits for the device's queued work)
         self.timing = {"stats_s": 0.0, "curvature_s": 0.0, "window_s": 0.0}
         self.pending = Decisions()  # what the hook now running will return to Trainer.apply
         self.probe_ooms = 0
@@ -135,6 +138,7 @@ class TriAccelLoop(Callback):
             return  # neither the precision controller nor the Fisher proxy reads them: no launch
         if (tr.step_count + 1) % self.cfg.stats_every:
             return  # sampled every stats_every steps (<= control_every: every window has a sample)
+        t0 = time.perf_counter()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.tensors]
         # two launches on CUDA: per-layer sums straight into one row per group, then the EMA update
         per = grad_stats(grads, backend=self.kernel_backend, segments=self.tensor_group,
@@ -145,6 +149,7 @@ class TriAccelLoop(Callback):
         self.ema_ready = True
         if self.curv is not None and self.cfg.curvature.method == "fisher":
             self.fisher_n += 1
+        self.timing["stats_s"] += time.perf_counter() - t0
 
     def on_step_end(self, tr, info) -> Decisions | None:
         self.pending = Decisions()
@@ -176,6 +181,7 @@ class TriAccelLoop(Callback):
             else:
                 self.win_n += info.n_examples
         if self.curv is not None and self.curv.due(step):
+            t0 = time.perf_counter()
             if self.batch is not None and self.batch.exploring:
                 sync(tr.device)
                 t0 = time.perf_counter()
@@ -184,10 +190,15 @@ class TriAccelLoop(Callback):
                 self.win_excluded += time.perf_counter() - t0
             else:
                 self._refresh_curvature(tr)
+            self.timing["curvature_s"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
         if step % self.cfg.control_every == 0:
             self._control_window(tr, step)
         elif self.batch is not None and self.batch.exploring and step % self.cfg.batch.explore_steps == 0:
             self._batch_window(tr, step)
+        else:
+            return
+        self.timing["window_s"] += time.perf_counter() - t0
 
     def on_epoch_end(self, tr, metrics) -> Decisions | None:
         self.pending = Decisions()
@@ -276,7 +287,9 @@ class TriAccelLoop(Callback):
         self.nonfinite.zero_()
         row = {"window": self.window, "step": step, "epoch": tr.epoch + 1}
         if self.prec is not None:
-            dec = self.prec.update(var[:self.L], self.window, curvature=self.lam if self.curv else None,
+            # the curvature controller's own promotion flags: tau_curv compared with what its lr_rule
+            # compares (normalized: lambda / median lambda, as config.py documents; paper: lambda)
+            dec = self.prec.update(var[:self.L], self.window, promote=self.promote if self.curv else None,
                                    overflow=overflow[:self.L])
             self.pending.levels = dict(zip(self.names, dec.levels))
             row["precision_changed"] = dec.changed
@@ -342,7 +355,7 @@ class TriAccelLoop(Callback):
                 "ctrl_fp16_layers": lv.count("fp16"), "ctrl_bf16_layers": lv.count("bf16"),
                 "ctrl_fp32_layers": lv.count("fp32"),
                 "ctrl_lr_scale_min": min(last["lr_scale"]) if last["lr_scale"] else 1.0,
-                "ctrl_probe_ooms": self.probe_ooms}
+                "ctrl_probe_ooms": self.probe_ooms, **{f"ctrl_{k}": v for k, v in self.timing.items()}}
 
     def write_artifacts(self, folder: Path, plots: bool = True) -> list[Path]:
         from triaccel.report import write_trajectory

@@ -49,7 +49,9 @@ class PrecisionController:
         self.last_change = [-(10 ** 9)] * n_layers  # window index of each layer's last base change
 
     def update(self, variance: Sequence[float], window: int, curvature: Sequence[float] | None = None,
-               overflow: Sequence[bool] | None = None) -> PrecisionDecision:
+               overflow: Sequence[bool] | None = None, promote: Sequence[bool] | None = None) -> PrecisionDecision:
+        """``promote``: the curvature controller's promotion flags (its lr_rule's quantity against tau_curv:
+        lambda, or lambda / median lambda); where given they decide, else ``curvature`` > tau_curv does."""
         c, h = self.cfg, self.cfg.hysteresis
         n = len(self.base)
         if len(variance) != n:
@@ -72,7 +74,9 @@ class PrecisionController:
                 if target != cur:
                     self.base[i], self.last_change[i] = target, window
             eff = self.base[i]
-            if curvature is not None and self.tau_curv is not None and curvature[i] > self.tau_curv and eff < 2:
+            sharp = promote[i] if promote is not None else (
+                curvature is not None and self.tau_curv is not None and curvature[i] > self.tau_curv)
+            if sharp and eff < 2:
                 eff += 1
                 reasons[i] = reasons[i] or "curvature"
             new_eff.append(eff)
