@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from triaccel.errors import ConfigError, Interrupted, TriAccelError, disk_full, interrupted
+from triaccel.search.lock import LOCK_FILE, driver_lock
 from triaccel.search.space import (CONTROLLER_DEFAULTS, MAX_TRIALS, START, SearchSpace, load_space, parse_space,
                                    pin_controller_defaults)
 from triaccel.tracking import tracking_uri as resolve_uri
@@ -348,14 +349,27 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     bounded_http_retries()
     uri = usable_store()  # before the search takes its name: an unusable store must leave nothing behind
     name_unused_in_store(name, uri, path)
+    made = not path.exists()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot write the search's state there ({e.strerror or e}; "
+                          f"TRIACCEL_TUNE_DIR chooses another folder)") from None
+    # before the state is written: a resume that finds the state finds the lock held
+    with driver_lock(name, path, "search", refused=f"search '{name}' already exists in {path} (started meanwhile "
+                                                   f"by another process): choose another --name"):
+        return _claim_and_run(name, space, uri, path, made, address, confirm)
+
+
+def _claim_and_run(name: str, space: SearchSpace, uri: str, path: Path, made: bool, address: str | None,
+                   confirm: int | None) -> dict:
+    """Write the new search's state (taking its name), then run it: baselines, trials, finish."""
     shared = shared_trials(space)
     state = {"name": name, "space": space.raw, "source": space.source, "sha256": space.sha256, "tracking_uri": uri,
              "address": address, "created": datetime.datetime.now().isoformat(timespec="seconds"), "shared": shared,
              "controller_defaults": CONTROLLER_DEFAULTS}
-    made = not path.exists()
     tmp = path / f".{STATE_FILE}.{os.getpid()}.tmp"
     try:
-        path.mkdir(parents=True, exist_ok=True)
         # whole or not at all: a full disk left an empty state file that took the name, and
         # resume, export and searches then failed on it with a JSONDecodeError traceback
         tmp.write_text(json.dumps(state, indent=1))
@@ -371,6 +385,7 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
             tmp.unlink()
         if made:
             with contextlib.suppress(OSError):
+                (path / LOCK_FILE).unlink()
                 path.rmdir()
         raise ConfigError(f"{path}: cannot write the search's state there ({e.strerror or e}; "
                           f"TRIACCEL_TUNE_DIR chooses another folder)") from None
@@ -475,13 +490,18 @@ def absolute_store(uri: str) -> str:
 def resume_search(name: str, address: str | None = None, confirm: int | None = None) -> dict:
     state = read_state(name)
     _check_confirm(confirm)
+    if not os.access(tune_root() / name, os.W_OK | os.X_OK):  # was pyarrow's traceback from Tune's restore
+        raise ConfigError(f"{tune_root() / name}: cannot write there (a read-only disk or no permission): resume "
+                          f"continues the search in that folder")
+    with driver_lock(name, tune_root() / name, "resume"):  # before anything is written or started
+        return _resume(name, state, address, confirm)
+
+
+def _resume(name: str, state: dict, address: str | None, confirm: int | None) -> dict:
     check_address(address or state.get("address"))
     space = parse_space(state["space"], source=state["source"], sha256=state["sha256"])
     from ray import tune
 
-    if not os.access(tune_root() / name, os.W_OK | os.X_OK):  # was pyarrow's traceback from Tune's restore
-        raise ConfigError(f"{tune_root() / name}: cannot write there (a read-only disk or no permission): resume "
-                          f"continues the search in that folder")
     uri = state_store(state)
     bounded_http_retries()
     if uri.startswith("sqlite:///") and not sqlite_path(uri).is_file():

@@ -1,0 +1,83 @@
+"""Hardening, third round (issue 34): one driver per search, finished trials that stay finished,
+resume that keeps the search's options, searched mappings, a locked store, Ray that cannot start, a
+lost worker. Real subprocesses, real local Ray, a real sqlite MLflow store, real signals."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from test_search_hardening import SPACE, _env, cli, runs
+
+
+def _state(tmp_path, name):
+    d = tmp_path / "mlruns" / "tune" / name
+    d.mkdir(parents=True)
+    (d / "triaccel_search.json").write_text(json.dumps({"space": {}, "source": "s.yaml", "sha256": "",
+                                                        "tracking_uri": "sqlite:///nowhere.db"}))
+    return d
+
+
+HOLD = ("import fcntl, json, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "os.write(fd, json.dumps({'pid': os.getpid(), 'host': 'h1', 'command': 'search', "
+        "'since': 'then'}).encode())\n"
+        "print('held', flush=True)\n"
+        "time.sleep(600)\n")
+
+
+def test_resume_while_another_driver_holds_the_search_is_refused_until_it_dies(tmp_path):
+    """A second driver of one search (here a process holding the search's lock as a driver does) is refused
+    in one line naming the holder, exit 2, nothing written; once the holder is killed (-9, no clean-up) the
+    kernel has released the lock and resume gets past it."""
+    d = _state(tmp_path, "x")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(d / "driver.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = sorted(p.name for p in d.iterdir())
+        r = cli("resume", "x", cwd=tmp_path, timeout=120)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert r.stderr.strip().splitlines() == [
+            f"triaccel: error: search 'x' is being run by pid {holder.pid} on h1 (search, since then): one search "
+            f"has one driver at a time; wait for it to end (or stop it), then `triaccel resume x`"]
+        assert sorted(p.name for p in d.iterdir()) == before and not (tmp_path / "nowhere.db").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    r = cli("resume", "x", cwd=tmp_path, timeout=120)
+    assert "being run by" not in r.stderr, r.stderr[-2000:]  # past the lock: refused later, for its empty state
+
+
+@pytest.mark.slow
+def test_resume_while_the_search_runs_is_refused_and_the_search_runs_its_trials(tmp_path):
+    """`triaccel resume f` after the running search's first trial line ran a second driver: both ran, 12 trials
+    landed for 8. Now it is refused in one line and the search alone runs its trials."""
+    space = dict(SPACE, trials=3, concurrency=1)
+    space["train"] = dict(SPACE["train"], epochs=2)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "f",
+                             "--confirm", "0"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=_env(), start_new_session=True)
+    try:
+        out = ""
+        for line in proc.stdout:
+            out += line
+            if line.startswith("trial "):
+                break
+        r = cli("resume", "f", "--confirm", "0", cwd=tmp_path, timeout=120)
+        rest, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith(f"triaccel: error: search 'f' is being run by pid {proc.pid} on "), line
+    assert proc.returncode == 0, err[-2000:]
+    _, all_runs = runs(tmp_path, "f")
+    assert len([x for x in all_runs if x.data.tags["triaccel.role"] == "trial"]) == 3
+
