@@ -256,7 +256,7 @@ def _searcher(space: SearchSpace):
 def _trainable(space: SearchSpace, shared: int, ref_curve: list | None):
     from ray import tune
 
-    from triaccel.search.trainable import run_trial
+    from triaccel.search.trainable import run_trial, trial_class
 
     res = {"cpu": space.cpus_per_trial}
     if on_gpu(space):
@@ -264,7 +264,7 @@ def _trainable(space: SearchSpace, shared: int, ref_curve: list | None):
     fn = tune.with_parameters(run_trial, space_data=space.raw, shared=shared,
                               gpu_fraction=space.gpus_per_trial if on_gpu(space) else 1.0,
                               ref_curve=ref_curve, margin=space.margin)
-    return tune.with_resources(fn, res)
+    return tune.with_resources(trial_class(fn), res)
 
 
 def gpu_share(space: SearchSpace, shared: int) -> float:

@@ -3,6 +3,7 @@ resume that keeps the search's options, searched mappings, a locked store, Ray t
 lost worker. Real subprocesses, real local Ray, a real sqlite MLflow store, real signals."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -81,3 +82,64 @@ def test_resume_while_the_search_runs_is_refused_and_the_search_runs_its_trials(
     _, all_runs = runs(tmp_path, "f")
     assert len([x for x in all_runs if x.data.tags["triaccel.role"] == "trial"]) == 3
 
+
+def _named_checkpoints(folder):
+    """The checkpoints (trial/checkpoint_N) of unfinished trials that Tune's newest saved state names."""
+    states = sorted(folder.glob("experiment_state-*.json"))
+    if not states:
+        return []
+    try:
+        data = json.loads(states[-1].read_text())["trial_data"]
+    except ValueError:  # being written
+        return []
+    out = []
+    for trial, meta in data:
+        trial, last = json.loads(trial), json.loads(meta).get("last_result") or {}
+        if trial["status"] != "TERMINATED" and last.get("checkpoint_dir_name"):
+            out.append(f"{trial['trial_id']}/{last['checkpoint_dir_name']}")
+    return out
+
+
+@pytest.mark.slow
+def test_a_checkpoint_the_saved_state_names_but_tune_deleted_is_no_failed_trial(tmp_path):
+    """Tune deletes a trial's older checkpoint as it registers a new one, and its saved state naming the new one
+    reaches storage later (synced in the background): a driver killed in between (kill -9 just after a 'trial
+    ... done' line) left a state naming a deleted checkpoint, and resume marked the trial FAILED ("Could not
+    recover from checkpoint as it does not exist on storage anymore"). That storage is made here without the
+    race: the search stopped (Ctrl-C) with a trial unfinished, its named checkpoint then moved to the next
+    index, as Tune leaves it. The trial continues from the checkpoint on storage."""
+    space = dict(SPACE, trials=2, concurrency=1)
+    space["train"] = dict(SPACE["train"], epochs=6)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    folder = tmp_path / "mlruns" / "tune" / "k"
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "k",
+                             "--confirm", "0"], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=_env(), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not any(f.stat().st_size for f in folder.glob("*/result.json")):
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)  # Tune saves a state naming the trial's checkpoint
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    named = _named_checkpoints(folder)
+    assert named, "the search never saved a state naming a checkpoint"
+    for rel in named:
+        src = folder / rel
+        index = int(src.name.rsplit("_", 1)[1])
+        newer = src.with_name(f"checkpoint_{index + 1:06d}")
+        if newer.is_dir():  # Tune had made the next one: only the deletion is left to do
+            shutil.rmtree(src)
+        elif src.is_dir():
+            src.rename(newer)
+    r = cli("resume", "k", "--confirm", "0", cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "FAILED" not in r.stdout and "does not exist on storage" not in r.stdout + r.stderr, r.stdout[-2000:]
+    c, all_runs = runs(tmp_path, "k")
+    trials = [x for x in all_runs if x.data.tags["triaccel.role"] == "trial"]
+    assert sorted(x.info.status for x in trials) == ["FINISHED", "FINISHED"], [x.data.tags for x in trials]
+    for x in trials:  # trained to the end, no epoch logged twice
+        steps = sorted(m.step for m in c.get_metric_history(x.info.run_id, "val_acc"))
+        assert steps[-1] == 6 and len(steps) == len(set(steps)), steps
