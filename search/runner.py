@@ -367,7 +367,10 @@ def _claim_and_run(name: str, space: SearchSpace, uri: str, path: Path, made: bo
     shared = shared_trials(space)
     state = {"name": name, "space": space.raw, "source": space.source, "sha256": space.sha256, "tracking_uri": uri,
              "address": address, "created": datetime.datetime.now().isoformat(timespec="seconds"), "shared": shared,
-             "controller_defaults": CONTROLLER_DEFAULTS}
+             "controller_defaults": CONTROLLER_DEFAULTS,
+             # the command's options that shape the search beyond its space (trials, concurrency and
+             # gpus_per_trial are in space above, overrides applied): resume uses them unless given again
+             "options": {"confirm": confirm}}
     tmp = path / f".{STATE_FILE}.{os.getpid()}.tmp"
     try:
         # whole or not at all: a full disk left an empty state file that took the name, and
@@ -493,8 +496,16 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
     if not os.access(tune_root() / name, os.W_OK | os.X_OK):  # was pyarrow's traceback from Tune's restore
         raise ConfigError(f"{tune_root() / name}: cannot write there (a read-only disk or no permission): resume "
                           f"continues the search in that folder")
+    if confirm is None:  # as the search was started (--confirm 2 stopped in its confirm runs resumed with none)
+        confirm = saved_option(state, "confirm")
     with driver_lock(name, tune_root() / name, "resume"):  # before anything is written or started
         return _resume(name, state, address, confirm)
+
+
+def saved_option(state: dict, key: str):
+    """An option the search was started with (None: not given, or a search saved before options were)."""
+    options = state.get("options")
+    return options.get(key) if isinstance(options, dict) else None
 
 
 def _resume(name: str, state: dict, address: str | None, confirm: int | None) -> dict:

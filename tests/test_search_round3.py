@@ -143,3 +143,27 @@ def test_a_checkpoint_the_saved_state_names_but_tune_deleted_is_no_failed_trial(
     for x in trials:  # trained to the end, no epoch logged twice
         steps = sorted(m.step for m in c.get_metric_history(x.info.run_id, "val_acc"))
         assert steps[-1] == 6 and len(steps) == len(set(steps)), steps
+
+@pytest.mark.slow
+def test_resume_keeps_the_options_the_search_was_started_with(tmp_path):
+    """Resume forgot --confirm: a `search --confirm 1` stopped (Ctrl-C) resumed with no confirm run, and export
+    used unconfirmed figures. The options are saved with the search and resume uses them unless given again."""
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "o",
+                             "--confirm", "1", "--trials", "1"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env(), start_new_session=True)
+    try:
+        assert proc.stdout.readline().startswith("triaccel search 'o'")  # its state is saved
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130
+    r = cli("resume", "o", cwd=tmp_path)
+    assert r.returncode == 0 and "confirm " in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    _, all_runs = runs(tmp_path, "o")
+    assert sorted((x.data.tags["triaccel.role"], x.info.status) for x in all_runs) == [
+        ("confirm", "FINISHED"), ("parent", "FINISHED"), ("trial", "FINISHED")]
+    r = cli("export", "o", "--out", "t.yaml", cwd=tmp_path)
+    assert r.returncode == 0 and yaml.safe_load((tmp_path / "t.yaml").read_text())["provenance"]["confirmed_alone"]
