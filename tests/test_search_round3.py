@@ -144,6 +144,35 @@ def test_a_checkpoint_the_saved_state_names_but_tune_deleted_is_no_failed_trial(
         steps = sorted(m.step for m in c.get_metric_history(x.info.run_id, "val_acc"))
         assert steps[-1] == 6 and len(steps) == len(set(steps)), steps
 
+@pytest.mark.parametrize("key,spec,example", [
+    ("triaccel.batch", {"distribution": "categorical", "choices": [{"min_batch": 16}, {"min_batch": 32}]},
+     "params.triaccel.batch.min_batch: {distribution: categorical, choices: [16, 32]}"),
+    ("optim", {"distribution": "categorical", "choices": [{"lr": 0.1}, {"lr": 0.01, "momentum": 0.8}]},
+     "params.optim.lr: {distribution: categorical, choices: [0.1, 0.01]}"),
+    ("triaccel.precision", {"distribution": "categorical", "choices": [{}, {"tau_low": 1.0}]},
+     "params.triaccel.precision.KEY"),
+])
+def test_a_searched_section_is_refused_not_replaced(tmp_path, key, spec, example):
+    """A categorical over mappings at a section's key replaced the section: its other keys (budget_gb fixed in
+    train:, the defaults) were dropped from every trial while the summary and provenance.searched showed the
+    mapping as if merged. A new search refuses it in one line naming the key; a saved search's space is read
+    as it was accepted (its export writes what its trials trained)."""
+    from triaccel.errors import ConfigError
+    from triaccel.search.space import parse_space
+
+    space = dict(SPACE, params={key: spec})
+    with pytest.raises(ConfigError) as ei:
+        parse_space(space, source="s.yaml", strict=True)
+    assert str(ei.value) == (f"s.yaml: params.{key}: names a section, not a key: a searched value would replace "
+                             f"the whole section (its other keys dropped); search the section's keys themselves, "
+                             f"e.g. {example}")
+    parse_space(space, source="s.yaml")
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    r = cli("search", "--space", "space.yaml", cwd=tmp_path, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+    assert f"params.{key}: names a section" in r.stderr and not (tmp_path / "mlruns").exists()
+
+
 @pytest.mark.slow
 def test_resume_keeps_the_options_the_search_was_started_with(tmp_path):
     """Resume forgot --confirm: a `search --confirm 1` stopped (Ctrl-C) resumed with no confirm run, and export
