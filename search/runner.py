@@ -616,12 +616,7 @@ def check_finished(name: str, planned: int) -> None:
 
 
 def _stopped(name: str, uri: str, left: str) -> None:
-    from triaccel.search.callbacks import TAG_SEARCH
-
-    c, exp = _client(uri)
-    for r in c.search_runs([exp], filter_string=f"tags.`{TAG_SEARCH}` = '{name}' and attributes.status = 'RUNNING'",
-                           max_results=10000):
-        c.set_terminated(r.info.run_id, status="KILLED")
+    close_running(name, uri)
     raise Interrupted(f"search '{name}' stopped before it finished{left}: `triaccel resume {name}` "
                       f"continues it") from None
 
@@ -696,10 +691,37 @@ def interruptible(name: str, uri: str):
         full = disk_full(e)  # first: a full disk met while stopping is what to fix (and the store may be on it)
         if full is None and interrupted(e):  # Ctrl-C or SIGTERM that landed inside a library call, wrapped in its error
             _stopped(name, uri, "")
-        if full is None:
-            raise
-        raise TriAccelError(f"search '{name}' stopped: a disk it writes is full ({full}); free space, then "
-                            f"`triaccel resume {name}` continues it") from None
+        if full is not None:
+            raise TriAccelError(f"search '{name}' stopped: a disk it writes is full ({full}); free space, then "
+                                f"`triaccel resume {name}` continues it") from None
+        raise failed(name, uri, e) from None
+
+
+def failed(name: str, uri: str, e: Exception) -> TriAccelError:
+    """Any other end of a search that is no user's stop (a store locked for too long, Ray that could not
+    start, an error in Tune): its runs still RUNNING are closed KILLED where the store lets them be (a
+    parent left RUNNING read as a search still going), and the cause is one line saying how to continue."""
+    from triaccel.errors import _chain
+    from triaccel.store_lock import StoreLocked
+
+    with contextlib.suppress(Exception):
+        close_running(name, uri)
+    cause = next((x for x in _chain(e) if isinstance(x, TriAccelError)), None)
+    if cause is not None and not isinstance(cause, StoreLocked):
+        return cause  # a check's own line (an unusable --address), as it was
+    text = str(cause or e).strip()
+    why = text.splitlines()[0][:300] if text else type(e).__name__
+    return TriAccelError(f"search '{name}' stopped: {why}; `triaccel resume {name}` continues it")
+
+
+def close_running(name: str, uri: str) -> None:
+    """The search's runs still RUNNING in MLflow, closed KILLED (``resume`` reopens those it continues)."""
+    from triaccel.search.callbacks import TAG_SEARCH
+
+    c, exp = _client(uri)
+    for r in c.search_runs([exp], filter_string=f"tags.`{TAG_SEARCH}` = '{name}' and attributes.status = 'RUNNING'",
+                           max_results=10000):
+        c.set_terminated(r.info.run_id, status="KILLED")
 
 
 

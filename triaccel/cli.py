@@ -58,6 +58,7 @@ def cmd_train(args) -> int:
             raise KeyboardInterrupt
     except BaseException as e:
         from triaccel.errors import disk_full
+        from triaccel.store_lock import StoreLocked
 
         full = disk_full(e) if isinstance(e, Exception) else None
         # Ctrl-C or SIGTERM that landed inside a library call (MLflow's SQL layer wraps it in its own error)
@@ -65,10 +66,12 @@ def cmd_train(args) -> int:
         if logger is not None:
             try:
                 # stdout closed by its reader (`| head`): stopped by the user, as Ctrl-C is
-                logger.finish("KILLED" if stopped or isinstance(e, BrokenPipeError) else "FAILED",
+                # a store locked by another process is no fault of the run's: it was stopped, as by the user
+                locked = isinstance(e, StoreLocked)
+                logger.finish("KILLED" if stopped or locked or isinstance(e, BrokenPipeError) else "FAILED",
                               reason=f"{type(e).__name__}: {e}")
             except Exception:  # noqa: BLE001 -- a full store cannot take the status either: the error below says why
-                if full is None and not stopped:
+                if full is None and not stopped and not isinstance(e, StoreLocked):
                     raise
         if full is not None:  # was MLflow's traceback, exit 1
             raise TriAccelError(f"a disk this run writes is full ({full}): training stopped after epoch "
@@ -153,10 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
     # defined here, not in triaccel.profile: importing that (torch) made `triaccel --help` take 2 s, and a
     # Ctrl-C in those seconds printed a traceback
     pr = sub.add_parser("profile", help="find the real bottleneck of a config before tuning anything")
-    pr.add_argument("--config", required=True, action=_Once, empty=_YAML)
-    pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    pr.add_argument("--config", required=True, action=_Once, empty=_YAML,
+                    help="training config YAML to profile (configs/*.yaml, or an exported one)")
+    pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config value, e.g. --set batch_size=256 (repeatable)")
     pr.add_argument("--steps", type=int, default=20, help="timed steps per measurement (medians)")
-    pr.add_argument("--warmup", type=int, default=5)
+    pr.add_argument("--warmup", type=int, default=5, help="untimed steps before each measurement (default 5)")
     pr.add_argument("--out", help="folder for report.json, report.txt, trace.json (default: a temp folder)")
     pr.add_argument("--force", action="store_true", help="replace an earlier profile's files in --out")
     pr.set_defaults(func=cmd_profile)
