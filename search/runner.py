@@ -181,7 +181,14 @@ def _init_ray(address: str | None, quiet: bool = True) -> None:
             first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
             raise TriAccelError(f"--address {address}: cannot join a Ray cluster there ({first}){hint}") from None
     else:  # a new local instance, even where a `ray start` cluster runs (joining one is what --address is for)
-        ray.init(address="local", num_cpus=os.cpu_count(), **kw)
+        try:
+            ray.init(address="local", num_cpus=os.cpu_count(), **kw)
+        except Exception as e:  # noqa: BLE001 -- a file-size limit, a node that timed out on a loaded machine
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            with contextlib.suppress(Exception):
+                ray.shutdown()  # what it started, stopped
+            raise TriAccelError(f"Ray could not start on this machine ({first}); its logs are under "
+                                f"/tmp/ray/session_latest/logs") from None
     from triaccel.errors import stop_on_sigterm
 
     stop_on_sigterm()  # ray.init replaced it: SIGTERM aborted the driver with a stack dump (exit 134)

@@ -265,3 +265,17 @@ def test_a_store_locked_beyond_the_bound_is_one_line_and_the_run_killed(tmp_path
     assert "stayed locked by another process for more than 1 s" in line, line
     assert run.info.status == "KILLED"
 
+
+@pytest.mark.slow
+def test_ray_that_cannot_start_is_one_line_and_leaves_no_run_running(tmp_path):
+    """Under `ulimit -f 2000` Ray cannot start: Ray's raw traceback, exit 1, the parent run left RUNNING."""
+    space = dict(SPACE, baseline={"batch_sizes": [64]})
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    r = subprocess.run(["bash", "-c", f"ulimit -f 2000; exec {sys.executable} -m triaccel.cli search --space "
+                                      f"space.yaml --name u"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300, env=_env())
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("triaccel: error: Ray could not start on this machine ("), line
+    _, all_runs = runs(tmp_path, "u")
+    assert all_runs and not [x for x in all_runs if x.info.status == "RUNNING"]
