@@ -324,7 +324,7 @@ def _tuner(space: SearchSpace, name: str, uri: str, shared: int, ref_curve: list
         run_config=tune.RunConfig(
             name=name, storage_path=str(tune_root()), verbose=0,
             callbacks=[MLflowSearchCallback(uri, EXPERIMENT, name, space, shared, gpu_share(space, shared)),
-                       ConsoleReporter(space.trials)],
+                       ConsoleReporter(space.trials, epochs)],
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             failure_config=tune.FailureConfig(max_failures=0)))
 
@@ -527,6 +527,10 @@ def _resume(name: str, state: dict, address: str | None, confirm: int | None) ->
         # search finished with the trials it ran there
         raise ConfigError(f"search '{name}': its MLflow store {sqlite_path(uri)} is gone (moved or deleted): "
                           f"put it back to resume the search")
+    if search_finished(name, uri):  # its parent run closed FINISHED: only `finish` does that
+        print(f"triaccel resume '{name}': the search has finished; nothing was left to run (export it: "
+              f"triaccel export {name} --out tuned.yaml)", flush=True)
+        return {"finished_already": True}
     restore = restorable(name, space)  # before anything runs: a state that cannot finish is refused here
     note_space_edits(state)
     print(f"triaccel resume '{name}': " + (f"restoring {tune_root() / name}" if restore else
@@ -918,25 +922,9 @@ def finish(name: str, space: SearchSpace, uri: str, confirm: int) -> dict:
     record_best(name, space, uri, o)
     print(f"\nsearch '{name}': {len(o.ranked)} finished ({len(o.feasible)} feasible), {len(o.stopped)} stopped early, "
           f"{len(o.failed)} failed, {o.trials} trials in MLflow")
-    keys = list(space.params)
-    head = f"{'rank':>5} {'run':>22} {'eff':>8} {'x base':>6} {'val%':>6} {'d.acc':>6} {'s/ep':>6} {'GiB':>6}  " + \
-        "  ".join(k.split(".")[-1][:10] for k in keys)
-    print(head)
-    for b in o.baselines:
-        m = b["metrics"]
-        r = m["efficiency"] / o.reference["metrics"]["efficiency"]
-        print(f"{'base':>5} {b['tags'].get('triaccel.baseline', '?'):>22} {m['efficiency']:8.2f} {r:6.2f} "
-              f"{m['val_acc']:6.2f} {'':>6} {m['epoch_time_last5_s']:6.2f} {m['peak_mem_gib']:6.3f}")
-    for i, x in enumerate(o.ranked[:8]):
-        m = x.measured
-        vals = "  ".join(_cell(x.row["values"].get(k)).rjust(len(k.split(".")[-1][:10])) for k in keys)
-        rank = f"{i + 1}{'' if x.feasible else '!'}{'*' if x.confirmed else ''}{'+' if x.gaps else ''}"
-        print(f"{rank:>5} {x.row['trial_id']:>22} {m['efficiency']:8.2f} {fmt(x.ratio):>6} {m.get('val_acc', 0):6.2f} "
-              f"{fmt(x.gap, '+.2f'):>6} {m.get('epoch_time_last5_s', 0):6.2f} {m.get('peak_mem_gib', 0):6.3f}  {vals}")
-    if o.ranked:
-        print(f"  (x base: efficiency / the reference baseline's; d.acc: validation accuracy minus the reference's "
-              f"at the same epoch; !: more than {space.margin:g} pp below it, infeasible, never exported; "
-              f"*: re-measured alone)")
+    from triaccel.search.summary import print_table
+
+    print_table(o, space)
     for x in o.ranked:
         if x.gaps:
             print(f"  second look {x.row['trial_id']} (+): d.acc {x.gaps[0]:+.2f} at the first seed, {x.gaps[1]:+.2f} "
@@ -1136,6 +1124,8 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
                               f"export with --epochs {math.ceil(w)} or more")
         cfg = dataclasses.replace(cfg, epochs=epochs)
     data = to_dict(cfg)
+    if cfg.mode != "triaccel":  # a static baseline (mode: amp) never reads it: an inert section misled readers
+        data.pop("triaccel", None)
     keep = ("efficiency", "val_acc", "epoch_time_last5_s", "peak_mem_gib", "shared_trials")
     prov = {
         "search": name, "exported": chosen.kind, "why": chosen.reason, "mlflow_run_id": row["run_id"],
@@ -1234,7 +1224,8 @@ def list_searches() -> list[dict]:
             space = parse_space(st["space"], source=st["source"], sha256=st["sha256"])
             _client(state_store(st), write=False)  # listing only reads
             o = read_outcome(name, space, state_store(st))
-            item.update(finished=len(o.ranked), failed=len(o.failed), feasible=len(o.feasible))
+            item.update(finished=len(o.ranked), failed=len(o.failed), feasible=len(o.feasible),
+                        search_finished=search_finished(name, state_store(st)))
             # what `export` would write (results.pick), not the best trial: where nothing feasible beat the
             # baseline the listing showed a trial's score below it, or '-', while export wrote the baseline
             with contextlib.suppress(ConfigError):  # nothing to export yet

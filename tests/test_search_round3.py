@@ -196,6 +196,13 @@ def test_resume_keeps_the_options_the_search_was_started_with(tmp_path):
         ("confirm", "FINISHED"), ("parent", "FINISHED"), ("trial", "FINISHED")]
     r = cli("export", "o", "--out", "t.yaml", cwd=tmp_path)
     assert r.returncode == 0 and yaml.safe_load((tmp_path / "t.yaml").read_text())["provenance"]["confirmed_alone"]
+    # a finished search resumed: said so, nothing run (it printed the summary again, as if it had run)
+    r = cli("resume", "o", cwd=tmp_path)
+    assert r.returncode == 0 and "the search has finished; nothing was left to run" in r.stdout, r.stdout[-2000:]
+    assert len(runs(tmp_path, "o")[1]) == 3
+    r = cli("searches", cwd=tmp_path)
+    assert r.returncode == 0 and next(ln for ln in r.stdout.splitlines() if ln.startswith("o ")).split()[3] == \
+        "finished", r.stdout
 
 
 LOCKER = ("import sqlite3, sys, time\n"
@@ -279,3 +286,28 @@ def test_ray_that_cannot_start_is_one_line_and_leaves_no_run_running(tmp_path):
     assert line.startswith("triaccel: error: Ray could not start on this machine ("), line
     _, all_runs = runs(tmp_path, "u")
     assert all_runs and not [x for x in all_runs if x.info.status == "RUNNING"]
+
+
+def test_help_says_every_argument_and_the_score_once():
+    """Gaps a newcomer met: `export name`, `--out`, `resume name`, `--address`, `ui --port`, `--host`,
+    `profile --config`, `--set`, `--warmup` had no help text, `searches` no description; `search --address`
+    showed a ray:// example where the README says HOST:PORT; the score had no definition."""
+    from triaccel.cli import build_parser
+
+    p = build_parser()
+    for cmd, parser in p.commands.items():
+        for a in parser._actions:
+            if a.dest != "help":
+                assert a.help, f"{cmd} {a.option_strings or a.dest}: no help text"
+    assert p.commands["searches"].description
+    assert "ray://" not in p.commands["search"].format_help()
+    text = " ".join(p.commands["search"].format_help().split())
+    assert "efficiency score" in text and "peak GPU memory (GB)" in text
+
+
+def test_a_static_export_and_the_summary_columns_read_plainly():
+    from triaccel.search.summary import headers
+
+    assert headers(["triaccel.batch.grow_factor", "optim.lr"]) == ["grow_factor", "lr"]
+    assert headers(["triaccel.batch.rho_high", "triaccel.precision.rho_high"]) == ["batch.rho_high",
+                                                                                   "precision.rho_high"]
