@@ -313,8 +313,9 @@ class MLflowSearchCallback(Callback):
 class ConsoleReporter(Callback):
     """One line per finished or failed trial, instead of Tune's pages of tables."""
 
-    def __init__(self, total: int):
+    def __init__(self, total: int, epochs: int | None = None):
         self.total = total
+        self.epochs = epochs  # the budget: a trial done before it was stopped early by ASHA
         self.done = 0
 
     def __getstate__(self):
@@ -337,7 +338,9 @@ class ConsoleReporter(Callback):
     def on_trial_complete(self, iteration, trials, trial, **info):
         self._count(trials, trial)
         r = trial.last_result or {}
-        print(f"trial {self.done:>3}/{self.total} {trial.trial_id}  done   epochs {int(r.get('training_iteration', 0))}  "
+        n, budget = int(r.get("training_iteration", 0)), getattr(self, "epochs", None)
+        what = f"stopped early at epoch {n} (ASHA)" if budget and n < budget else f"done   epochs {n}"
+        print(f"trial {self.done:>3}/{self.total} {trial.trial_id}  {what}  "
               f"eff {r.get('efficiency', float('nan')):10.2f}  val {r.get('val_acc', float('nan')):6.2f}%  "
               f"{r.get('epoch_time_last5_s', float('nan')):6.2f}s/epoch  {r.get('peak_mem_gib', float('nan')):.3f} GiB",
               flush=True)

@@ -93,13 +93,14 @@ def cmd_searches(args) -> int:
         return 0
     # best eff / x base / exports: what `triaccel export NAME` would write now (a trial, or the baseline
     # when nothing feasible beat it), its efficiency and its ratio to the reference baseline
-    print(f"{'name':<24} {'space':<34} {'created':<20} {'done':>5} {'failed':>6} {'best eff':>10} {'x base':>7} "
+    print(f"{'name':<24} {'space':<34} {'created':<20} {'done':>8} {'failed':>6} {'best eff':>10} {'x base':>7} "
           f"{'exports':>8}")
     for r in rows:
         best = f"{r['best']:.2f}" if r.get("best") is not None else "-"
         ratio = f"{r['ratio']:.2f}" if r.get("ratio") is not None else "-"
-        done = f"{r.get('finished', '?')}/{r.get('trials', '?')}"
-        print(f"{r['name']:<24} {str(r['space'])[-34:]:<34} {r['created']:<20} {done:>5} {r.get('failed', '?'):>6} "
+        # a finished search says so: `done 6/8` read as unfinished where ASHA stopped two early
+        done = "finished" if r.get("search_finished") else f"{r.get('finished', '?')}/{r.get('trials', '?')}"
+        print(f"{r['name']:<24} {str(r['space'])[-34:]:<34} {r['created']:<20} {done:>8} {r.get('failed', '?'):>6} "
               f"{best:>10} {ratio:>7} {r.get('exports') or '-':>8}")
         if r.get("error"):  # an unreadable state or store: say why the row has no figures
             print(f"  {r['name']}: {r['error']}")
@@ -156,19 +157,26 @@ def cmd_ui(args) -> int:
 
 
 STORAGE_HELP = "folder (or file:// URI) holding the searches' Tune state (default mlruns/tune, or TRIACCEL_TUNE_DIR)"
+# the score every search ranks by (triaccel.metrics.efficiency_score), said once in --help and the summary
+SCORE = ("eff is the paper's efficiency score (§4.2): validation accuracy (%) / (epoch time (s) x peak GPU memory "
+         "(GB) x 100) x 100, the epoch time the mean of the last five epochs; higher is better.")
+
 ADDRESS_EMPTY = "an empty address; give HOST:PORT, ray://HOST:PORT or auto, or leave --address out"
 
 
 def add_commands(sub, once) -> None:
     """The search commands; ``once``: the argparse action of an option that takes one value."""
-    s = sub.add_parser("search", help="search Tri-Accel thresholds with Ray Tune + Optuna")
+    s = sub.add_parser("search", help="search Tri-Accel thresholds with Ray Tune + Optuna",
+                       description="Search Tri-Accel thresholds with Ray Tune + Optuna, holding every trial to the "
+                                   "accuracy of static AMP baselines. " + SCORE)
     s.add_argument("--space", required=True, action=once, empty="an empty path; give a space YAML or a shipped "
                    "space's name", help="space YAML (spaces/*.yaml), or a shipped space's name")
     s.add_argument("--trials", type=int, help="number of trials (overrides the space)")
     s.add_argument("--name", action=once, help="search name (default: the space's name); state in mlruns/tune/NAME")
     s.add_argument("--concurrency", type=int, help="trials at once (overrides the space)")
     s.add_argument("--gpus-per-trial", type=float, help="fraction of a GPU per trial (overrides the space)")
-    s.add_argument("--address", action=once, empty=ADDRESS_EMPTY, help="join an existing Ray cluster (e.g. ray://head:10001 or auto)")
+    s.add_argument("--address", action=once, empty=ADDRESS_EMPTY, help="join an existing Ray cluster: HOST:PORT of its head (as `ray start --head` prints it) or "
+                        "auto; default: a new local Ray")
     s.add_argument("--confirm", type=int, default=None, metavar="K",
                    help="re-run the top K configurations, and the space's start points, alone before export "
                         "(undistorted by sharing); default 3 when trials share a GPU, else 0 (none at all)")
@@ -184,23 +192,26 @@ def add_commands(sub, once) -> None:
     s.set_defaults(func=cmd_search)
 
     r = sub.add_parser("resume", help="continue an interrupted search")
-    r.add_argument("name")
-    r.add_argument("--address", action=once, empty=ADDRESS_EMPTY)
-    r.add_argument("--confirm", type=int, default=None, metavar="K", help="as for search")
+    r.add_argument("name", help="the search's name (`triaccel searches` lists them)")
+    r.add_argument("--address", action=once, empty=ADDRESS_EMPTY,
+                   help="join an existing Ray cluster (HOST:PORT or auto); default: the search's own")
+    r.add_argument("--confirm", type=int, default=None, metavar="K",
+                   help="as for search; default: what the search was started with")
     r.add_argument("--storage", action=once, metavar="PATH_OR_URI", help=STORAGE_HELP)
     r.set_defaults(func=cmd_resume)
 
     x = sub.add_parser("extend", help="give a finished search more trials; the sampler sees every earlier one")
-    x.add_argument("name")
+    x.add_argument("name", help="the search's name (`triaccel searches` lists them)")
     x.add_argument("--trials", type=int, required=True, help="how many trials to add")
-    x.add_argument("--address", action=once, empty=ADDRESS_EMPTY)
+    x.add_argument("--address", action=once, empty=ADDRESS_EMPTY,
+                   help="join an existing Ray cluster (HOST:PORT or auto); default: the search's own")
     x.add_argument("--confirm", type=int, default=None, metavar="K", help="as for search")
     x.add_argument("--storage", action=once, metavar="PATH_OR_URI", help=STORAGE_HELP)
     x.set_defaults(func=cmd_extend)
 
     e = sub.add_parser("export", help="write the tuned config of a search as a training YAML")
-    e.add_argument("name")
-    e.add_argument("--out", required=True, action=once)
+    e.add_argument("name", help="the search's name (`triaccel searches` lists them)")
+    e.add_argument("--out", required=True, action=once, help="the YAML file to write (not replaced without --force)")
     e.add_argument("--pick", default="best", help="best (default) or pareto-N (entry N of the Pareto front)")
     e.add_argument("--force", action="store_true", help="replace --out if it exists")
     e.add_argument("--epochs", type=int, help="epochs of the exported config (default: the search's budget, "
@@ -208,12 +219,15 @@ def add_commands(sub, once) -> None:
     e.add_argument("--storage", action=once, metavar="PATH_OR_URI", help=STORAGE_HELP)
     e.set_defaults(func=cmd_export)
 
-    ls = sub.add_parser("searches", help="list past searches")
+    ls = sub.add_parser("searches", help="list past searches",
+                        description="List the searches under mlruns/tune (--storage, TRIACCEL_TUNE_DIR): each one's "
+                                    "space, whether it finished (or how many trials are done), its failures, and what "
+                                    "`triaccel export NAME` would write now with its efficiency score.")
     ls.add_argument("--storage", action=once, metavar="PATH_OR_URI", help=STORAGE_HELP)
     ls.set_defaults(func=cmd_searches)
 
     u = sub.add_parser("ui", help="serve the MLflow UI on 127.0.0.1")
-    u.add_argument("--port", type=int, default=5000)
-    u.add_argument("--host", default="127.0.0.1")
+    u.add_argument("--port", type=int, default=5000, help="TCP port of the UI (default 5000)")
+    u.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1: this machine only)")
     u.add_argument("--allow-remote", action="store_true", help="allow a --host other than loopback")
     u.set_defaults(func=cmd_ui)

@@ -23,6 +23,7 @@ import yaml
 
 from triaccel.errors import ConfigError, Interrupted, TriAccelError, disk_full, interrupted
 from triaccel.search import phases
+from triaccel.search.lock import LOCK_FILE, driver_lock
 from triaccel.search.space import (CONTROLLER_DEFAULTS, MAX_TRIALS, START, SearchSpace, load_space, parse_space,
                                    pin_controller_defaults)
 from triaccel.tracking import tracking_uri as resolve_uri
@@ -186,7 +187,14 @@ def _init_ray(address: str | None, quiet: bool = True, runtime_env: dict | None 
             first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
             raise TriAccelError(f"--address {address}: cannot join a Ray cluster there ({first}){hint}") from None
     else:  # a new local instance, even where a `ray start` cluster runs (joining one is what --address is for)
-        ray.init(address="local", num_cpus=os.cpu_count(), **kw)
+        try:
+            ray.init(address="local", num_cpus=os.cpu_count(), **kw)
+        except Exception as e:  # noqa: BLE001 -- a file-size limit, a node that timed out on a loaded machine
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            with contextlib.suppress(Exception):
+                ray.shutdown()  # what it started, stopped
+            raise TriAccelError(f"Ray could not start on this machine ({first}); its logs are under "
+                                f"/tmp/ray/session_latest/logs") from None
     from triaccel.errors import stop_on_sigterm
 
     stop_on_sigterm()  # ray.init replaced it: SIGTERM aborted the driver with a stack dump (exit 134)
@@ -270,7 +278,7 @@ def _searcher(space: SearchSpace, seeds=()):
 def _trainable(space: SearchSpace, shared: int, ref_curve: list | None):
     from ray import tune
 
-    from triaccel.search.trainable import run_trial
+    from triaccel.search.trainable import run_trial, trial_class
 
     res = {"cpu": space.cpus_per_trial}
     if on_gpu(space):
@@ -280,7 +288,7 @@ def _trainable(space: SearchSpace, shared: int, ref_curve: list | None):
     fn = tune.with_parameters(run_trial, space_data=space.raw, shared=shared,
                               gpu_fraction=space.gpus_per_trial if on_gpu(space) else 1.0,
                               ref_curve=ref_curve, margin=space.margin, factories=shipped())
-    return tune.with_resources(fn, res)
+    return tune.with_resources(trial_class(fn), res)
 
 
 def gpu_share(space: SearchSpace, shared: int) -> float:
@@ -337,7 +345,7 @@ def _tuner(space: SearchSpace, name: str, uri: str, shared: int, ref_curve: list
             name=tune_dir.name if tune_dir else name, storage_path=str(tune_dir.parent if tune_dir else tune_root()),
             verbose=0,
             callbacks=[MLflowSearchCallback(uri, EXPERIMENT, name, space, shared, gpu_share(space, shared)),
-                       ConsoleReporter(space.trials)],
+                       ConsoleReporter(space.trials, epochs)],
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             failure_config=tune.FailureConfig(max_failures=0)))
 
@@ -380,15 +388,32 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     bounded_http_retries()
     uri = usable_store()  # before the search takes its name: an unusable store must leave nothing behind
     name_unused_in_store(name, uri, path)
+    made = not path.exists()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot write the search's state there ({e.strerror or e}; "
+                          f"TRIACCEL_TUNE_DIR chooses another folder)") from None
+    # before the state is written: a resume that finds the state finds the lock held
+    with driver_lock(name, path, "search", refused=f"search '{name}' already exists in {path} (started meanwhile "
+                                                   f"by another process): choose another --name"):
+        return _claim_and_run(name, space, uri, path, made, address, confirm, fresh_baselines, runtime_env, callables)
+
+
+def _claim_and_run(name: str, space: SearchSpace, uri: str, path: Path, made: bool, address: str | None,
+                   confirm: int | None, fresh_baselines: bool, runtime_env: dict | None, callables: dict) -> dict:
+    """Write the new search's state (taking its name), then run it: baselines, trials, finish."""
     shared = shared_trials(space)
     state = {"name": name, "space": space.raw, "source": space.source, "sha256": space.sha256, "tracking_uri": uri,
              "address": address, "created": datetime.datetime.now().isoformat(timespec="seconds"), "shared": shared,
              "controller_defaults": CONTROLLER_DEFAULTS, "fresh_baselines": fresh_baselines,
-             "runtime_env": runtime_env, "callables": callables}
-    made = not path.exists()
+             # where the workers import the user's code from, and the functions handed from Python
+             "runtime_env": runtime_env, "callables": callables,
+             # the command's options that shape the search beyond its space (trials, concurrency and
+             # gpus_per_trial are in space above, overrides applied): resume uses them unless given again
+             "options": {"confirm": confirm}}
     tmp = path / f".{STATE_FILE}.{os.getpid()}.tmp"
     try:
-        path.mkdir(parents=True, exist_ok=True)
         # whole or not at all: a full disk left an empty state file that took the name, and
         # resume, export and searches then failed on it with a JSONDecodeError traceback
         tmp.write_text(json.dumps(state, indent=1))
@@ -404,6 +429,7 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
             tmp.unlink()
         if made:
             with contextlib.suppress(OSError):
+                (path / LOCK_FILE).unlink()
                 path.rmdir()
         raise ConfigError(f"{path}: cannot write the search's state there ({e.strerror or e}; "
                           f"TRIACCEL_TUNE_DIR chooses another folder)") from None
@@ -509,6 +535,22 @@ def absolute_store(uri: str) -> str:
 def resume_search(name: str, address: str | None = None, confirm: int | None = None) -> dict:
     state = read_state(name)
     _check_confirm(confirm)
+    if not os.access(tune_root() / name, os.W_OK | os.X_OK):  # was pyarrow's traceback from Tune's restore
+        raise ConfigError(f"{tune_root() / name}: cannot write there (a read-only disk or no permission): resume "
+                          f"continues the search in that folder")
+    if confirm is None:  # as the search was started (--confirm 2 stopped in its confirm runs resumed with none)
+        confirm = saved_option(state, "confirm")
+    with driver_lock(name, tune_root() / name, "resume"):  # before anything is written or started
+        return _resume(name, state, address, confirm)
+
+
+def saved_option(state: dict, key: str):
+    """An option the search was started with (None: not given, or a search saved before options were)."""
+    options = state.get("options")
+    return options.get(key) if isinstance(options, dict) else None
+
+
+def _resume(name: str, state: dict, address: str | None, confirm: int | None) -> dict:
     check_address(address or state.get("address"))
     space = parse_space(state["space"], source=state["source"], sha256=state["sha256"])
     from triaccel.userdef import check_user_code, use_runtime_env
@@ -517,9 +559,6 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
     check_user_code(space)  # a function handed from Python is refused here unless handed again (triaccel.resume)
     from ray import tune
 
-    if not os.access(tune_root() / name, os.W_OK | os.X_OK):  # was pyarrow's traceback from Tune's restore
-        raise ConfigError(f"{tune_root() / name}: cannot write there (a read-only disk or no permission): resume "
-                          f"continues the search in that folder")
     uri = state_store(state)
     bounded_http_retries()
     if uri.startswith("sqlite:///") and not sqlite_path(uri).is_file():
@@ -527,6 +566,10 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
         # search finished with the trials it ran there
         raise ConfigError(f"search '{name}': its MLflow store {sqlite_path(uri)} is gone (moved or deleted): "
                           f"put it back to resume the search")
+    if search_finished(name, uri):  # its parent run closed FINISHED: only `finish` does that
+        print(f"triaccel resume '{name}': the search has finished; nothing was left to run (export it: "
+              f"triaccel export {name} --out tuned.yaml)", flush=True)
+        return {"finished_already": True}
     restore = restorable(name, space)  # before anything runs: a state that cannot finish is refused here
     note_space_edits(state)
     print(f"triaccel resume '{name}': " + (f"restoring {tune_root() / name}" if restore else
@@ -625,12 +668,7 @@ def check_finished(name: str, planned: int) -> None:
 
 
 def _stopped(name: str, uri: str, left: str) -> None:
-    from triaccel.search.callbacks import TAG_SEARCH
-
-    c, exp = _client(uri)
-    for r in c.search_runs([exp], filter_string=f"tags.`{TAG_SEARCH}` = '{name}' and attributes.status = 'RUNNING'",
-                           max_results=10000):
-        c.set_terminated(r.info.run_id, status="KILLED")
+    close_running(name, uri)
     raise Interrupted(f"search '{name}' stopped before it finished{left}: `triaccel resume {name}` "
                       f"continues it") from None
 
@@ -705,10 +743,37 @@ def interruptible(name: str, uri: str):
         full = disk_full(e)  # first: a full disk met while stopping is what to fix (and the store may be on it)
         if full is None and interrupted(e):  # Ctrl-C or SIGTERM that landed inside a library call, wrapped in its error
             _stopped(name, uri, "")
-        if full is None:
-            raise
-        raise TriAccelError(f"search '{name}' stopped: a disk it writes is full ({full}); free space, then "
-                            f"`triaccel resume {name}` continues it") from None
+        if full is not None:
+            raise TriAccelError(f"search '{name}' stopped: a disk it writes is full ({full}); free space, then "
+                                f"`triaccel resume {name}` continues it") from None
+        raise failed(name, uri, e) from None
+
+
+def failed(name: str, uri: str, e: Exception) -> TriAccelError:
+    """Any other end of a search that is no user's stop (a store locked for too long, Ray that could not
+    start, an error in Tune): its runs still RUNNING are closed KILLED where the store lets them be (a
+    parent left RUNNING read as a search still going), and the cause is one line saying how to continue."""
+    from triaccel.errors import _chain
+    from triaccel.store_lock import StoreLocked
+
+    with contextlib.suppress(Exception):
+        close_running(name, uri)
+    cause = next((x for x in _chain(e) if isinstance(x, TriAccelError)), None)
+    if cause is not None and not isinstance(cause, StoreLocked):
+        return cause  # a check's own line (an unusable --address), as it was
+    text = str(cause or e).strip()
+    why = text.splitlines()[0][:300] if text else type(e).__name__
+    return TriAccelError(f"search '{name}' stopped: {why}; `triaccel resume {name}` continues it")
+
+
+def close_running(name: str, uri: str) -> None:
+    """The search's runs still RUNNING in MLflow, closed KILLED (``resume`` reopens those it continues)."""
+    from triaccel.search.callbacks import TAG_SEARCH
+
+    c, exp = _client(uri)
+    for r in c.search_runs([exp], filter_string=f"tags.`{TAG_SEARCH}` = '{name}' and attributes.status = 'RUNNING'",
+                           max_results=10000):
+        c.set_terminated(r.info.run_id, status="KILLED")
 
 
 
@@ -907,27 +972,11 @@ def finish(name: str, space: SearchSpace, uri: str, confirm: int) -> dict:
     record_best(name, space, uri, o, j)
     print(f"\nsearch '{name}': {len(o.ranked)} finished ({len(o.feasible)} feasible), {len(o.stopped)} stopped early, "
           f"{len(o.failed)} failed, {o.trials} trials in MLflow")
-    keys = list(space.params)
-    head = f"{'rank':>5} {'run':>22} {'eff':>8} {'x base':>6} {'val%':>6} {'d.acc':>6} {'s/ep':>6} {'GiB':>6}  " + \
-        "  ".join(k.split(".")[-1][:10] for k in keys)
-    print(head)
-    for b in o.baselines:
-        m = b["metrics"]
-        r = m["efficiency"] / o.reference["metrics"]["efficiency"]
-        print(f"{'base':>5} {b['tags'].get('triaccel.baseline', '?'):>22} {m['efficiency']:8.2f} {r:6.2f} "
-              f"{m['val_acc']:6.2f} {'':>6} {m['epoch_time_last5_s']:6.2f} {m['peak_mem_gib']:6.3f}")
+    from triaccel.search.summary import print_table
+
+    print_table(o, space)
     for line in baseline_cache.reused_lines(o.baselines):  # where a reused baseline's figures came from
         print(line)
-    for i, x in enumerate(o.ranked[:8]):
-        m = x.measured
-        vals = "  ".join(_cell(x.row["values"].get(k)).rjust(len(k.split(".")[-1][:10])) for k in keys)
-        rank = f"{i + 1}{'' if x.feasible else '!'}{'*' if x.confirmed else ''}{'+' if x.gaps else ''}"
-        print(f"{rank:>5} {x.row['trial_id']:>22} {m['efficiency']:8.2f} {fmt(x.ratio):>6} {m.get('val_acc', 0):6.2f} "
-              f"{fmt(x.gap, '+.2f'):>6} {m.get('epoch_time_last5_s', 0):6.2f} {m.get('peak_mem_gib', 0):6.3f}  {vals}")
-    if o.ranked:
-        print(f"  (x base: efficiency / the reference baseline's; d.acc: validation accuracy minus the reference's "
-              f"at the same epoch; !: more than {space.margin:g} pp below it, infeasible, never exported; "
-              f"*: re-measured alone)")
     for x in o.ranked:
         if x.gaps:
             print(f"  second look {x.row['trial_id']} (+): d.acc {x.gaps[0]:+.2f} at the first seed, {x.gaps[1]:+.2f} "
@@ -1248,7 +1297,8 @@ def list_searches() -> list[dict]:
             space = parse_space(st["space"], source=st["source"], sha256=st["sha256"])
             _client(state_store(st), write=False)  # listing only reads
             o = read_outcome(name, space, state_store(st))
-            item.update(finished=len(o.ranked), failed=len(o.failed), feasible=len(o.feasible))
+            item.update(finished=len(o.ranked), failed=len(o.failed), feasible=len(o.feasible),
+                        search_finished=search_finished(name, state_store(st)))
             # what `export` would write (results.pick), not the best trial: where nothing feasible beat the
             # baseline the listing showed a trial's score below it, or '-', while export wrote the baseline
             with contextlib.suppress(ConfigError):  # nothing to export yet

@@ -316,6 +316,37 @@ def pin_controller_defaults(raw: dict, saved_with: str | None) -> dict:
     return raw
 
 
+def is_section(key: str) -> bool:
+    """Whether a dotted key names a section of the training config (triaccel.batch), not one key."""
+    import dataclasses
+    import typing
+
+    cls = TrainConfig
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(cls):
+            return False
+        hint = typing.get_type_hints(cls).get(part)
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]  # Optional[Section]
+        cls = inner[0] if len(inner) == 1 else hint
+    return dataclasses.is_dataclass(cls)
+
+
+def section_refusal(key: str, spec) -> str:
+    """Why a searched section is refused: its value replaced the whole section, so the section's other keys
+    (fixed in train:, or defaults) were dropped from every trial while the summary and the export's
+    provenance showed the searched mapping as if merged. Searching its keys one by one says what trains."""
+    choices = spec.get("choices") if isinstance(spec, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+    if first:
+        k = next(iter(first))
+        vals = [c.get(k) for c in choices if isinstance(c, dict)]
+        example = f"params.{key}.{k}: {{distribution: categorical, choices: {vals}}}"
+    else:
+        example = f"params.{key}.KEY"
+    return (f"names a section, not a key: a searched value would replace the whole section (its other keys "
+            f"dropped); search the section's keys themselves, e.g. {example}")
+
+
 def parse_space(data: dict, source: str = "<dict>", sha256: str = "", strict: bool = False) -> SearchSpace:
     """``strict``: also the rules added after searches were saved with spaces they refuse (a new search's
     space, from ``load_space`` or the CLI's overrides); a saved search's space is read as it was accepted,
@@ -359,6 +390,8 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "", strict: bo
         above = spec.get("above")
         if above is not None and not isinstance(above, str):
             raise _err(src, f"{pk}.above", f"must name another searched key, got {above!r}")
+        if strict and is_section(key):
+            raise _err(src, pk, section_refusal(key, spec))
         p = Param(key, dist, above=above)
         if dist == "categorical":
             ch = spec.get("choices")

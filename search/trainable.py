@@ -8,6 +8,7 @@ where it stopped. Inside a Tune function trainable only ``ray.tune.report`` and
 """
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -60,7 +61,56 @@ class TuneReporter(Callback):
             (Path(d) / "config.yaml").write_text(yaml.safe_dump(to_dict(trainer.cfg), sort_keys=False))
             if trainer.loop is not None:
                 trainer.loop.write_artifacts(Path(d) / "triaccel", plots=False)  # the driver draws them once
+            # the iteration this checkpoint ends (one report per epoch): what restoring a newer checkpoint
+            # than the one Tune's saved state names needs (``restore_newest``)
+            (Path(d) / ITERATION_FILE).write_text(json.dumps({"training_iteration": int(metrics["epoch"])}))
             tune.report(out, checkpoint=tune.Checkpoint.from_directory(d))
+
+
+ITERATION_FILE = "iteration.json"
+
+
+def restore_newest(result):
+    """The checkpoint a restored trial continues from: the one Tune's saved state names while it exists, else
+    the newest of the trial's checkpoints on storage, else None (the trial starts again).
+
+    Tune deletes a trial's older checkpoint on the driver as it registers a new one (num_to_keep), at once;
+    the experiment state naming the new one reaches storage later (staged, then synced in the background). A
+    driver killed in between left a state naming a checkpoint gone from storage, and the resumed trial failed
+    ("Could not recover from checkpoint as it does not exist on storage anymore"), a finished trial included.
+    The newer checkpoint is on storage: the trial continues from it (a finished one has nothing left to train).
+    """
+    import ray.tune
+    from ray.train._internal.session import _TrainingResult
+
+    ck = getattr(result, "checkpoint", None)
+    if ck is None or Path(ck.path).exists():
+        return result
+    found = []
+    for d in Path(ck.path).parent.glob("checkpoint_*"):
+        try:
+            found.append((int(json.loads((d / ITERATION_FILE).read_text())["training_iteration"]), d))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # half-written, or written before iterations were recorded
+    if not found:
+        return None
+    it, d = max(found)
+    return _TrainingResult(checkpoint=ray.tune.Checkpoint(str(d), filesystem=ck.filesystem),
+                           metrics={**(result.metrics or {}), "training_iteration": it})
+
+
+def trial_class(fn):
+    """The Tune trainable class of the trial function ``fn`` (as Tune wraps it), restoring through
+    ``restore_newest``; named as ``fn`` is, as Tune's saved state knows the trainable."""
+    from ray.tune.trainable.function_trainable import wrap_function
+
+    class SearchTrial(wrap_function(fn)):
+        def restore(self, checkpoint_path):
+            newest = restore_newest(checkpoint_path)
+            if newest is not None:
+                return super().restore(newest)
+
+    return SearchTrial
 
 
 def trial_threads() -> int:

@@ -63,3 +63,20 @@ def test_bad_config_is_the_same_clean_error_as_train(tmp_path):
         assert r.returncode == 2 and "Traceback" not in r.stderr
         errs.append(r.stderr.strip())
     assert errs[0] == errs[1] and errs[0].startswith("triaccel: error: model.name: unknown model")
+
+
+def test_profile_on_a_cpu_opens_with_its_report_not_profiler_noise(tmp_path):
+    """On a CPU the profiler's C++ side wrote `USDT ... profiler_start`, a CPUAllocator warning and
+    `ERROR ... gpuGetDeviceCount failed` to the terminal before the report."""
+    import yaml
+
+    base = {"epochs": 1, "batch_size": 64, "device": "cpu", "data": {"name": "digits", "crop_padding": 1},
+            "model": {"name": "small_cnn", "width": 8}, "tracking": {"enabled": False}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(base))
+    r = subprocess.run([sys.executable, "-m", "triaccel.cli", "profile", "--config", "c.yaml", "--steps", "2",
+                        "--warmup", "1", "--out", str(tmp_path / "p")], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for noise in ("USDT", "profiler_start", "gpuGetDeviceCount", "before the profiling started"):
+        assert noise not in r.stderr, r.stderr[-2000:]
+    assert r.stdout.lstrip().startswith("variant"), r.stdout[:500]

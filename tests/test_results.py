@@ -291,3 +291,25 @@ def test_the_judged_pick_is_the_static_reference_unless_a_trial_beats_it_at_the_
     assert p.kind == "trial" and p.row["run_id"] == "t1"
     assert p.measured["efficiency"] == pytest.approx((105.0 + 114.4 + 95.4) / 3)  # its mean at 8 epochs
     assert final_pick(o, space, None).row["run_id"] == "t1"  # not judged: the search's own pick
+
+
+def test_the_summary_lists_every_trial_and_says_what_asha_did(capsys):
+    """The summary listed only the top 8 ranked trials: a stopped or failed trial was in no row, and its
+    columns were cut (grow_facto). Every trial has a row; a stopped one says 'stopped early at epoch 2 (ASHA)';
+    a start point is marked; the score is defined once."""
+    from triaccel.search.space import START, parse_space
+    from triaccel.search.summary import print_table
+
+    space = parse_space({"train": {"epochs": 4}, "params": {
+        "triaccel.batch.grow_factor": {"distribution": "uniform", "low": 1.1, "high": 2.0}}})
+    rows = [run(f"t{i}", 10.0 + i, 83.5, **({START: "true"} if i == 0 else {})) for i in range(10)]
+    rows += [run("asha", 500.0, 83.0, epoch=2), run("bad", 0.0, 0.0, status="FAILED", failure_reason="Diverged: x")]
+    for r in rows:
+        r["values"] = {"triaccel.batch.grow_factor": 1.5}
+    print_table(R.outcome(rows, [], BASE, epochs=4), space)
+    out = capsys.readouterr().out
+    assert "grow_factor" in out.splitlines()[0]
+    assert all(f" t{i} " in out for i in range(10))
+    assert "asha stopped early at epoch 2 (ASHA)" in out and "bad failed: Diverged: x" in out
+    assert next(ln for ln in out.splitlines() if " t0 " in ln).split()[0].endswith("s")
+    assert "efficiency score" in out

@@ -125,17 +125,19 @@ def run_config(cfg, on_trainer: Callable | None = None) -> TrainResult:
 def _close_failed(logger, trainer, e: BaseException) -> None:
     """The MLflow run of a failed or stopped training closed as FAILED or KILLED; a full disk said in one line."""
     from triaccel.errors import disk_full
+    from triaccel.store_lock import StoreLocked
 
     full = disk_full(e) if isinstance(e, Exception) else None
     # Ctrl-C or SIGTERM that landed inside a library call (MLflow's SQL layer wraps it in its own error)
     stopped = interrupted(e)
+    locked = isinstance(e, StoreLocked)  # a store held by another process: no fault of the run's
     if logger is not None:
         try:
             # stdout closed by its reader (`| head`): stopped by the user, as Ctrl-C is
-            logger.finish("KILLED" if stopped or isinstance(e, BrokenPipeError) else "FAILED",
+            logger.finish("KILLED" if stopped or locked or isinstance(e, BrokenPipeError) else "FAILED",
                           reason=f"{type(e).__name__}: {e}")
         except Exception:  # noqa: BLE001 -- a full store cannot take the status either: the error below says why
-            if full is None and not stopped:
+            if full is None and not stopped and not locked:
                 raise
     if full is not None:  # was MLflow's traceback, exit 1
         raise TriAccelError(f"a disk this run writes is full ({full}): training stopped after epoch "

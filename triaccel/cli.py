@@ -97,10 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     # defined here, not in triaccel.profile: importing that (torch) made `triaccel --help` take 2 s, and a
     # Ctrl-C in those seconds printed a traceback
     pr = sub.add_parser("profile", help="find the real bottleneck of a config before tuning anything")
-    pr.add_argument("--config", required=True, action=_Once, empty=_YAML)
-    pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    pr.add_argument("--config", required=True, action=_Once, empty=_YAML,
+                    help="training config YAML to profile (configs/*.yaml, or an exported one)")
+    pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config value, e.g. --set batch_size=256 (repeatable)")
     pr.add_argument("--steps", type=int, default=20, help="timed steps per measurement (medians)")
-    pr.add_argument("--warmup", type=int, default=5)
+    pr.add_argument("--warmup", type=int, default=5, help="untimed steps before each measurement (default 5)")
     pr.add_argument("--out", help="folder for report.json, report.txt, trace.json (default: a temp folder)")
     pr.add_argument("--force", action="store_true", help="replace an earlier profile's files in --out")
     pr.set_defaults(func=cmd_profile)

@@ -16,7 +16,11 @@ All timing goes through ``triaccel.measure``.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
+import sys
 import statistics
 import tempfile
 import time
@@ -162,14 +166,42 @@ def _trace(t: Trainer, path: Path) -> str:
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if t.device.type == "cuda" else [])
-    with profile(activities=acts, record_shapes=True, profile_memory=True) as prof:
-        for _ in range(3):
-            t.train_step(_take(t))
-            prof.step()
-        sync(t.device)
-    prof.export_chrome_trace(str(path))
+    with _quiet_profiler():
+        with profile(activities=acts, record_shapes=True, profile_memory=True) as prof:
+            for _ in range(3):
+                t.train_step(_take(t))
+                prof.step()
+            sync(t.device)
+        prof.export_chrome_trace(str(path))
     key = "self_cuda_time_total" if t.device.type == "cuda" else "self_cpu_time_total"
     return prof.key_averages().table(sort_by=key, row_limit=15)
+
+
+# what torch.profiler's C++ side (kineto, c10) writes to the process's stderr about itself: its start and
+# stop, an allocation made before it started, and on a machine without a GPU "ERROR ... gpuGetDeviceCount
+# failed"; none is a finding of the profile
+PROFILER_NOISE = re.compile(r"USDT:|profiler_start|profiler_stop|gpuGetDeviceCount|"
+                            r"allocated before the profiling started|ActivityProfilerController|CuptiActivity")
+
+
+@contextlib.contextmanager
+def _quiet_profiler():
+    """The profiler's own lines kept off the terminal (file descriptor 2, where C++ writes); any other
+    line written meanwhile is passed on as it was."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            for line in caught.read().decode(errors="replace").splitlines():
+                if line.strip() and not PROFILER_NOISE.search(line):
+                    print(line, file=sys.stderr)
 
 
 def variants(cfg: TrainConfig) -> list[tuple[str, TrainConfig]]:

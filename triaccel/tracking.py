@@ -68,7 +68,9 @@ def client(uri: str | None = None, key: str = "tracking.tracking_uri", write: bo
     if u not in _USABLE:
         check_store(u, key, write)
         _USABLE.add(u)
-    return MlflowClient(tracking_uri=u)
+    from triaccel.store_lock import RetryingClient
+
+    return RetryingClient(MlflowClient(tracking_uri=u), u)
 
 
 STORE_SCHEMES = {"", "file", "sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks"}
@@ -135,9 +137,11 @@ def check_store(uri: str, key: str = "tracking.tracking_uri", write: bool = True
     try:
         # A fresh sqlite store is created (schema migrations) by the first client: under a file lock,
         # so two searches started together on a new store do not race in the migrations (#14 case 8).
+        from triaccel.store_lock import RetryingClient, StoreLocked
+
         with _store_lock(uri, key, write):
-            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
-    except ConfigError:
+            RetryingClient(MlflowClient(tracking_uri=uri), uri).search_experiments(max_results=1)
+    except (ConfigError, StoreLocked):
         raise
     except Exception as e:  # noqa: BLE001 -- MLflow raises many kinds here; all mean "not usable"
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -1,0 +1,51 @@
+"""The search's closing table: every trial, with readable columns and the score said once."""
+from __future__ import annotations
+
+from triaccel.search.space import START
+
+
+def headers(keys: list[str]) -> list[str]:
+    """Each searched key's column: its last part (grow_factor), or the last two where two keys share it."""
+    last = [k.split(".")[-1] for k in keys]
+    return [".".join(k.split(".")[-2:]) if last.count(t) > 1 else t for k, t in zip(keys, last)]
+
+
+def cell(v) -> str:
+    """A searched value: numbers to 3 digits, categorical choices as they are."""
+    return f"{v:.3g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+
+
+def print_table(o, space) -> None:
+    """Baselines, then every trial: the ranked ones, those ASHA stopped early, those that failed."""
+    from triaccel.search.cli import SCORE
+    from triaccel.search.results import fmt
+
+    keys = list(space.params)
+    names = headers(keys)
+    rows = [x.row for x in o.ranked] + list(o.stopped) + list(o.failed)
+    width = [max([len(n)] + [len(cell(r["values"].get(k))) for r in rows]) for k, n in zip(keys, names)]
+    vals = lambda r: "  ".join(cell(r["values"].get(k)).rjust(w) for k, w in zip(keys, width))  # noqa: E731
+    print(f"{'rank':>5} {'run':>22} {'eff':>8} {'x base':>6} {'val%':>6} {'d.acc':>6} {'s/ep':>6} {'GiB':>6}  "
+          + "  ".join(n.rjust(w) for n, w in zip(names, width)))
+    for b in o.baselines:
+        m = b["metrics"]
+        r = m["efficiency"] / o.reference["metrics"]["efficiency"]
+        print(f"{'base':>5} {b['tags'].get('triaccel.baseline', '?'):>22} {m['efficiency']:8.2f} {r:6.2f} "
+              f"{m['val_acc']:6.2f} {'':>6} {m['epoch_time_last5_s']:6.2f} {m['peak_mem_gib']:6.3f}")
+    for i, x in enumerate(o.ranked):
+        m = x.measured
+        start = "s" if x.row.get("tags", {}).get(START) == "true" else ""
+        rank = f"{i + 1}{'' if x.feasible else '!'}{'*' if x.confirmed else ''}{'+' if x.gaps else ''}{start}"
+        print(f"{rank:>5} {x.row['trial_id']:>22} {m['efficiency']:8.2f} {fmt(x.ratio):>6} {m.get('val_acc', 0):6.2f} "
+              f"{fmt(x.gap, '+.2f'):>6} {m.get('epoch_time_last5_s', 0):6.2f} {m.get('peak_mem_gib', 0):6.3f}  "
+              f"{vals(x.row)}")
+    for r in o.stopped:
+        print(f"{'-':>5} {r['trial_id']:>22} stopped early at epoch {int(r['metrics'].get('epoch', 0))} (ASHA)  "
+              f"{vals(r)}")
+    for r in o.failed:
+        why = r["tags"].get("failure_reason", "failed")
+        print(f"{'-':>5} {r['trial_id']:>22} failed: {why[:80]}  {vals(r)}")
+    if o.ranked or o.stopped or o.failed:
+        print(f"  ({SCORE} x base: eff / the reference baseline's; d.acc: validation accuracy minus the reference's "
+              f"at the same epoch; !: more than {space.margin:g} pp below it, infeasible, never exported; "
+              f"*: re-measured alone; s: a start point of the space)")
