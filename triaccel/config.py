@@ -143,8 +143,10 @@ class ModelConfig:
                f"must be in [1, {MAX_IMAGE_SIDE}] px, got {self.resize}")
         # only EfficientNet-B0 resizes its input: on another model resize was ignored, and it also waived
         # the model's least image size (data.image_size=1 then failed inside max_pool2d)
-        _check(self.resize is None or self.name in RESIZING_MODELS or self.name not in KNOWN_MODELS, "model.resize",
-               f"only {' and '.join(sorted(RESIZING_MODELS))} resizes its input; {self.name} would ignore it")
+        own = self.class_path is not None or "/" in self.name  # the user's model, a zoo model: no resize either
+        _check(self.resize is None or self.name in RESIZING_MODELS or (self.name not in KNOWN_MODELS and not own),
+               "model.resize", f"only {' and '.join(sorted(RESIZING_MODELS))} resizes its input; "
+                               f"{self.label()} would ignore it")
         _check(0 < self.width <= MAX_WIDTH, "model.width",
                f"must be in [1, {MAX_WIDTH}] (small_cnn's first-conv channels, mlp's hidden units), got {self.width}")
         _check_reference(self, "model")

@@ -420,8 +420,12 @@ def runtime_env_for(refs: dict) -> dict | None:
 
 
 def use_runtime_env(env: dict | None) -> None:
-    """This process imports what ``env`` ships (a resumed search started in another folder)."""
+    """This process imports what ``env`` ships (a resumed search started in another folder); code that
+    has gone since is one line naming it (Ray's upload failed with a traceback)."""
     for p in (env or {}).get("py_modules", []):
+        if not os.path.exists(p):
+            raise ConfigError(f"{p}: the search's own code (model.class_path / data.class_path) is gone from "
+                              f"there (moved or deleted): put it back to resume the search")
         parent = os.path.dirname(p.rstrip(os.sep))
         if parent and parent not in sys.path:
             sys.path.append(parent)
