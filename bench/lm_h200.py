@@ -236,8 +236,8 @@ def main():
     ap.add_argument("--search-epochs", type=int, default=3, help="the score averages epochs 2 on")
     ap.add_argument("--epochs", type=int, default=4, help="epochs of each final run")
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--search-s", type=float, default=360.0, help="stop the search at this many s of the bench")
-    ap.add_argument("--budget-s", type=float, default=540.0, help="start no final run that would end after this")
+    ap.add_argument("--search-s", type=float, default=340.0, help="stop the search at this many s of the bench")
+    ap.add_argument("--budget-s", type=float, default=530.0, help="start no final run that would end after this")
     ap.add_argument("--first-run-s", type=float, default=40.0, help="a config's run-time guess before it has run")
     ap.add_argument("--tuned", help="an exported config: skip the search (give --static: no baselines are read)")
     ap.add_argument("--static", default="", help="baseline labels of the space to train against (comma-separated, "
