@@ -3,7 +3,8 @@
 # at 340 s, no final run starts that would end after 530 s, the whole bench is killed at 560 s): a fresh search
 # of spaces/shakespeare_gpt.yaml (6 trials of 3 epochs, 4 sharing the GPU, after its 8 static baselines:
 # bf16/fp16 x eager/captured x compiled or not), its export, then the export trained alone against the best
-# static baseline of each dtype, 4 epochs, seeds 0,1,2 interleaved (bench/lm_h200.py). Arguments after the script go to bench/lm_h200.py (--trials, --epochs, ...).
+# static baseline of each dtype, 4 epochs, seeds 0,1,2 interleaved (bench/lm_h200.py). Arguments after the
+# script go to bench/lm_h200.py (--trials, --epochs, ...).
 # The corpus ships with the package: no data to carry. Where Ray and its kin are not installed, carry
 # .device/site.tar.xz (a site-packages folder) as for bench/h200_space10.sh. From the repo root:
 #   GIT_REV=$(git rev-parse HEAD) bash bench/lm_h200.sh        (results: $OUT/h200_lm.json and h200_lm.log)
