@@ -133,16 +133,21 @@ def best_statics(work: Path, baselines: list[dict], labels: list[str]) -> list[t
 
 
 def promotions(rows: list[list[str]], names: list[str], initial: str) -> dict:
-    """From the control loop's trajectory (the layers' levels at each window): the layers that ever ran
-    above the run's starting level (``amp_dtype``), each at the highest level it reached, and the windows
-    whose plan mixed levels."""
-    highest = {}
+    """From the control loop's trajectory (the layers' levels at each window): the layers that ever ran above
+    the run's starting level (``amp_dtype``), and those that ran above the lowest level of their window's plan
+    (kept more precise than the rest: with a bf16 start, the layers left at bf16 when the others drop to fp16),
+    each at the highest such level; and the windows whose plan mixed levels."""
+    above_start, above_floor = {}, {}
     for levels in rows:
+        floor = min(RANK[lv] for lv in levels) if levels else 0
         for n, lv in zip(names, levels):
-            if RANK[lv] > RANK[initial] and RANK[lv] > RANK[highest.get(n, initial)]:
-                highest[n] = lv
-    return {"promoted_any": bool(highest), "promoted_layers": highest,
-            "mixed_windows": sum(len(set(lv)) > 1 for lv in rows), "windows": len(rows)}
+            if RANK[lv] > RANK[initial] and RANK[lv] > RANK[above_start.get(n, initial)]:
+                above_start[n] = lv
+            if RANK[lv] > floor and RANK[lv] > RANK.get(above_floor.get(n), -1):
+                above_floor[n] = lv
+    return {"promoted_any": bool(above_start or above_floor), "above_start": above_start,
+            "above_plan_floor": above_floor, "mixed_windows": sum(len(set(lv)) > 1 for lv in rows),
+            "windows": len(rows)}
 
 
 def run(d: dict, seed: int) -> dict:
@@ -199,7 +204,7 @@ def finals(args, tuned_path: Path, work: Path, res: dict) -> None:
         r = run(d, seed)
         longest[label] = max(longest.get(label, 0.0), r["wall_s"])
         print(label, seed, {k: r[k] for k in ("val_acc", "epoch_time_last5_s", "peak_mem_gib", "efficiency")},
-              r.get("precision", {}).get("promoted_layers"), flush=True)
+              r.get("precision", {}).get("above_plan_floor"), flush=True)
         res["runs"].setdefault(label, []).append({"seed": seed, **r})
         summarise(res)
         write(args.out, res)
@@ -231,8 +236,8 @@ def main():
     ap.add_argument("--search-epochs", type=int, default=3, help="the score averages epochs 2 on")
     ap.add_argument("--epochs", type=int, default=4, help="epochs of each final run")
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--search-s", type=float, default=360.0, help="stop the search at this many s of the bench")
-    ap.add_argument("--budget-s", type=float, default=540.0, help="start no final run that would end after this")
+    ap.add_argument("--search-s", type=float, default=340.0, help="stop the search at this many s of the bench")
+    ap.add_argument("--budget-s", type=float, default=530.0, help="start no final run that would end after this")
     ap.add_argument("--first-run-s", type=float, default=40.0, help="a config's run-time guess before it has run")
     ap.add_argument("--tuned", help="an exported config: skip the search (give --static: no baselines are read)")
     ap.add_argument("--static", default="", help="baseline labels of the space to train against (comma-separated, "

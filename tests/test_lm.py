@@ -155,10 +155,13 @@ def test_next_token_accuracy_and_loss_by_hand():
            for win, tw in zip(logits.tolist(), targets.tolist()) for row, t in zip(win, tw)]
     # per window the mean over its positions, summed over windows: / 2 windows = the mean per token
     assert float(example_loss_sum(logits, targets)) / 2 == pytest.approx(sum(nll) / 6, rel=1e-6)
-    # a classifier's batch is unchanged: summed per image, one right of two
+    # a classifier's batch is unchanged, bit for bit: summed per image, top-1 per image
     cls, y = torch.tensor([[1.0, 0.0], [0.0, 2.0]]), torch.tensor([0, 0])
     assert int(correct_count(cls, y)) == 1
-    assert float(example_loss_sum(cls, y)) == pytest.approx(float(F.cross_entropy(cls, y, reduction="sum")))
+    torch.manual_seed(0)
+    cls, y = torch.randn(96, 10), torch.randint(0, 10, (96,))
+    assert torch.equal(example_loss_sum(cls, y), F.cross_entropy(cls, y, reduction="sum"))
+    assert torch.equal(correct_count(cls, y), (cls.argmax(1) == y).sum())
 
 
 # ------------------------------------------------------------------ through the trainer
