@@ -1,7 +1,6 @@
 import functools
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -38,18 +37,6 @@ def template_store() -> Path:
     return db
 
 
-def seed_store(folder) -> Path | None:
-    """Copy the template store to ``folder/mlruns/mlflow.db``, the store a ``triaccel`` run from
-    ``folder`` uses by default; nothing happens where a store (or anything else) is already there."""
-    mlruns = Path(folder) / "mlruns"
-    db = mlruns / "mlflow.db"
-    if db.exists() or (mlruns.exists() and not mlruns.is_dir()):
-        return None
-    mlruns.mkdir(exist_ok=True)
-    shutil.copyfile(template_store(), db)
-    return db
-
-
 @pytest.fixture
 def tmp_store(tmp_path, monkeypatch):
     """A real sqlite MLflow store in a temporary folder, via MLFLOW_TRACKING_URI (a copy of the template)."""
@@ -57,45 +44,6 @@ def tmp_store(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri
-
-
-def _is_default_store_search(args, kw) -> bool:
-    """A ``python -m triaccel.cli search`` subprocess that will use the default store of its cwd."""
-    if isinstance(args, (str, bytes)) or len(args) < 4 or list(args[1:4]) != ["-m", "triaccel.cli", "search"]:
-        return False
-    env = kw.get("env")
-    return "MLFLOW_TRACKING_URI" not in (os.environ if env is None else env) and kw.get("cwd") is not None
-
-
-_seeding = {"on": True}
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _searches_start_from_the_template_store():
-    """End-to-end searches run ``triaccel search`` as a subprocess in a fresh folder, where the
-    search would create and migrate its default store: they find the template's copy there
-    instead (session-wide, so module-scoped fixtures that search get it too). Tests marked
-    ``real_store_creation`` (README's main job) create theirs as a user does."""
-    real = subprocess.Popen.__init__
-
-    def init(self, args, *a, **kw):
-        if _seeding["on"] and _is_default_store_search(args, kw):
-            seed_store(kw["cwd"])
-        real(self, args, *a, **kw)
-
-    subprocess.Popen.__init__ = init
-    yield
-    subprocess.Popen.__init__ = real
-
-
-@pytest.fixture(autouse=True)
-def _real_store_creation(request):
-    if request.node.get_closest_marker("real_store_creation"):
-        _seeding["on"] = False
-        yield
-        _seeding["on"] = True
-    else:
-        yield
 
 
 def small_cfg(**over):

@@ -603,7 +603,6 @@ def test_address_joins_an_existing_cluster_and_a_plain_search_stays_local(tmp_pa
         subprocess.run([*ray_cmd, "stop", "--force"], capture_output=True, timeout=120)
 
 
-@pytest.mark.real_store_creation
 def test_readme_main_job_runs_as_written(tmp_path):
     """README's first command: the shipped quickstart search, then export and train from it."""
     r = cli("search", "--space", str(Path(__file__).resolve().parents[1] / "spaces" / "quickstart.yaml"), cwd=tmp_path)
