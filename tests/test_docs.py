@@ -63,3 +63,11 @@ def test_a_new_result_records_revision_dirty_flag_and_placeholders(tmp_path, mon
     assert re.fullmatch(r"[0-9a-f]{7,}", env["git_rev"]) and env["git_dirty"] in (True, False)
     assert env["command"] == "python3 bench/x.py --out $REPO/bench/results/x.json"
     assert {"date", "gpu", "torch"} <= set(env)
+
+
+def test_readme_example_is_the_file_the_tests_run():
+    """README's Python example is docs/examples/notebook.py's code (tests/test_usercode.py runs the file)."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- example: docs/examples/notebook.py -->\n```python\n", 1)[1].split("```\n<!-- /example -->")[0]
+    code = (ROOT / "docs" / "examples" / "notebook.py").read_text()
+    assert block == code[code.index("import torch"):].rstrip() + "\n"
