@@ -306,9 +306,9 @@ def _to_8bit(im):
 
     if not (im.mode.startswith("I;16") or im.mode in ("I", "F")):
         return im
-    if im.mode == "F":  # its range is the producer's choice (0..1, 0..255, ...): guessing it per image mislabelled
+    if im.mode == "F":  # its range is the producer's choice (0..1, 0..255, ...): guessing it per image mislabels
         raise ValueError("a 32-bit float image: its value range is unknown; convert it to 8 or 16 bits")
-    # one fixed range for every image of a data set (scaling each by its own values made 0.99 and 1.01 decode
+    # one fixed range for every image of a data set (scaling each by its own values would decode 0.99 and 1.01
     # to 252 and 1): 16-bit, PNG's grayscale depth; 12-bit data stored in 16 bits comes out dark
     a = np.asarray(im).astype(np.float64)
     return Image.fromarray(np.clip(np.rint(a * (255.0 / 65535.0)), 0, 255).astype(np.uint8), "L")
@@ -330,7 +330,8 @@ def _decode(path: Path, size: int) -> np.ndarray:
 def _cache_key(files: list[Path], labels: list[int], classes: list, size: int) -> str:
     """Everything a cached split depends on: the image side, the class list, and each file's path, label and
     identity on disk (size, mtime, inode), so that a new class, a re-labelled or an edited image is decoded anew."""
-    # v3: 16-bit grayscale rescaled, not clipped white (a cache of the old decoding is not reused)
+    # v3: the decoding's version (16-bit grayscale rescaled, not clipped white): a cache that another
+    # decoding wrote is not reused
     h = hashlib.sha1(f"v3|{size}|{len(files)}|{len(classes)}\n".encode())
     for c in classes:
         h.update(f"class|{c}\n".encode())

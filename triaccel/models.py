@@ -146,7 +146,7 @@ def build_model(cfg, num_classes: int, in_channels: int | None, image_size: int 
                           f"(name a model of your own in model.class_path)")
     if cfg.name not in MODELS:
         raise ConfigError(f"model.name: unknown model {cfg.name!r} (valid: {', '.join(sorted(MODELS))})")
-    # the dataset's own side (data.image_size unset); a set data.image_size was checked with the config
+    # the dataset's own side (data.image_size unset); a set data.image_size is checked with the config
     bad = check_image_size(cfg, image_size)
     if bad:
         raise ConfigError(f"data.image_size: {bad}")
