@@ -41,7 +41,7 @@ def cmd_train(args) -> int:
 
 class _Parser(argparse.ArgumentParser):
     """argparse with the project's error format: one line naming the command and what is wrong,
-    exit 2 (argparse printed its whole usage block above the error, three to six lines for
+    exit 2 (argparse alone prints its whole usage block above the error, three to six lines for
     `search`; the usage is one `--help` away, and the line says so). Subcommands inherit it."""
 
     def error(self, message: str):

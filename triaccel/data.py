@@ -91,7 +91,7 @@ def stratified_split(labels: torch.Tensor, fraction: float, seed: int) -> tuple[
 # --------------------------------------------------------------------------- sources
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     """scikit-learn's digits (1,797 8x8 images, values 0-16, and their labels), read from the file
-    scikit-learn ships without importing scikit-learn: its import took 1-2 s of every quickstart
+    scikit-learn ships without importing scikit-learn: its import takes 1-2 s of every quickstart
     process (each search trial is one), the file 20 ms. Falls back to ``load_digits`` if the file moved."""
     import importlib.util
 
@@ -300,7 +300,7 @@ def _list_images(split_dir: Path, classes: list | None, data_real: tuple = ()) -
 
 def _to_8bit(im):
     """A 16-bit grayscale image (``I;16*``, or ``I``: the mode of 16-bit PNGs in older PIL versions) rescaled
-    0..65535 -> 0..255 as 8-bit ``L``: PIL's ``convert`` clips such values at 255 (a 16-bit image came out almost
+    0..65535 -> 0..255 as 8-bit ``L``: PIL's ``convert`` clips such values at 255 (a 16-bit image comes out almost
     all white). Values above 65535 clip. A float image (``F``) is refused. Other modes are returned as they are."""
     from PIL import Image
 

@@ -706,7 +706,7 @@ class Trainer:
         ``pad`` (default: while cuDNN autotunes, on CUDA) fills a short last batch up to the eval
         batch size with copies of its first example, whose outputs are dropped: every eval batch of
         every split has one shape, so autotuning tunes eval once instead of once per split's
-        remainder (val 5,000 and test 10,000 at 1,024 gave three shapes; at 224 px each new shape
+        remainder (val 5,000 and test 10,000 at 1,024 give three shapes; at 224 px each new shape
         is tuned for seconds). Eval-mode outputs are per example, so the padding changes nothing."""
         was_training = self.model.training
         self.model.eval()
