@@ -175,7 +175,7 @@ class OptimConfig:
     nesterov: bool = False
     weight_decay: float = 5e-4
     betas: tuple = (0.9, 0.999)  # adamw
-    # linear warm-up, then cosine decay to 0; at most `epochs` (longer, the lr never reached optim.lr).
+    # linear warm-up, then cosine decay to 0; at most `epochs` (longer, the lr would never reach optim.lr).
     # Unset: 5 epochs, or the whole run when it is shorter.
     warmup_epochs: Optional[float] = None
     clip_grad_norm: Optional[float] = None  # None: no clipping
