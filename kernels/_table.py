@@ -3,8 +3,8 @@
 Each row describes one program's block: the tensors' addresses, the block's start inside the
 tensor, the tensor's length and its segment (tensor index). Built once with numpy and kept on
 the device. Gradients move: the training loop sets them to None between steps, as static AMP
-does, and the caching allocator does not hand them back at the same addresses (profiled on the
-H200: a table rebuilt every step cost ~1.8 ms of host time, a fifth of a B=96 step). So columns
+does, and the caching allocator does not hand them back at the same addresses (profiled on an
+H200: a table rebuilt every step costs ~1.8 ms of host time, a fifth of a B=96 step). So columns
 named ``dynamic`` are refreshed in place instead: their n addresses (8 bytes each) travel from
 a small pinned ring without blocking the host and are spread over the table's rows by one
 gather on the device, in stream order before the launch that reads them.

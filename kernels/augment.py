@@ -4,7 +4,7 @@ flip, scale to [0, 1] and normalise, written in the layout the model wants (NCHW
 The torch path (``reference.gather_augment_ref``) takes about a dozen launches per batch:
 an index gather, a pad, index arithmetic, an advanced-indexing gather, a flip and a where,
 the float conversion and three normalisation ops, and a layout copy. At small batches the
-step is bound by the host (B=96 on the H200: the real input path cost 17 % over a repeated
+step is bound by the host (B=96 on an H200: the real input path costs 17 % over a repeated
 batch, bench/results/profile/), so launches are what count. Same random draws as the
 reference (the caller draws them), so both paths give the same batch within float rounding.
 """

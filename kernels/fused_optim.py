@@ -34,8 +34,8 @@ ALIGNED = False  # alignment hints in the SGD kernel (bench/sgd_state_bench.py m
 def _bf16_rne(x):
     """fp32 -> bf16, rounded to nearest even, by integer arithmetic: the interpreter's cast (CI)
     truncates toward zero, and a truncated momentum drifts toward zero step after step. A NaN
-    stays a NaN (quieted, then truncated): the rounding carry turned 0x7FFFFFFF, the NaN a GPU's
-    arithmetic produces, into -0.0, and a NaN momentum would have restarted from zero unseen."""
+    stays a NaN (quieted, then truncated): the rounding carry would turn 0x7FFFFFFF, the NaN a GPU's
+    arithmetic produces, into -0.0, and a NaN momentum would restart from zero unseen."""
     bits = x.to(tl.uint32, bitcast=True)
     nan = (bits & 0x7FFFFFFF) > 0x7F800000
     bits = tl.where(nan, bits | 0x00400000, bits + 0x7FFF + ((bits >> 16) & 1))
@@ -261,9 +261,9 @@ class _FusedBase(torch.optim.Optimizer):
         """Gradients zeroed in place by one multi-tensor launch per dtype, as torch's fused and
         foreach optimizers do. ``torch.optim.Optimizer.zero_grad`` launches one fill per
         parameter unless the defaults name foreach or fused: with captured micro-batches
-        (gradients kept, ``set_to_none=False``) that was 62 launches a step for ResNet-18, each
-        shorter on the GPU than on the host, and the captured Tri-Accel step ran 5% behind the
-        captured static one (H200, bench/results/h200_step_gap.json)."""
+        (gradients kept, ``set_to_none=False``) that is 62 launches a step for ResNet-18, each
+        shorter on the GPU than on the host, enough to put the captured Tri-Accel step 5% behind the
+        captured static one (an H200, bench/results/archive/step_gap/h200_step_gap.json)."""
         if set_to_none:
             return super().zero_grad(set_to_none=True)
         if not hasattr(self, "_zero_grad_profile_name"):  # as torch.optim does (an unpickled optimizer)

@@ -21,10 +21,10 @@ from triaccel.kernels.reference import segment_rows
 
 BLOCK = 1024  # values per load (4 warps: 8 per thread)
 # Loads per program, in a loop (a program covers BLOCK * ITERS values, then makes 3 atomics).
-# Swept on the H200 (bench/results/h200_kernels.json, 13 launch shapes, two runs): on 112 M values
-# a 1024 x 16 loop was best both times (130-132 us, 82-84 % of copy bandwidth; the old unrolled
+# Swept on an H200 (bench/results/kernels/h200_kernels.json, 13 launch shapes, two runs): on 112 M
+# values a 1024 x 16 loop is best in both (130-132 us, 82-84 % of copy bandwidth; an unrolled
 # 4096 x 8: 242-245 us); on ResNet-18's 11.2 M values one call is bound by the host's launch
-# (the order of the shapes changed between runs), and a 1024 x 4 loop takes 24 us of GPU time
+# (the order of the shapes differs between the runs), and a 1024 x 4 loop takes 24 us of GPU time
 # (CUDA graph) against 31 us for torch._foreach_norm; fewer iterations keep enough programs to
 # fill the GPU when the model is small.
 ITERS_SMALL, ITERS_LARGE, LARGE = 4, 16, 50_000_000
@@ -57,7 +57,7 @@ def _grad_stats_kernel(table_ptr, out_ptr, DTYPE: tl.constexpr, BLOCK: tl.conste
     start = tl.load(row + 1)
     n = tl.load(row + 2)
     # output row: the tensor's own, or its group's (segments). Spreading a big tensor's atomics
-    # over several copies of its row was tried and measured no faster on the H200 (1024 x 16 loop,
+    # over several copies of its row measures no faster on an H200 (1024 x 16 loop,
     # 112 M values: 137 us with 8 copies vs 132 us with one): the atomics are not the bottleneck.
     seg = tl.load(row + 4)
     acc = tl.zeros([BLOCK], dtype=tl.float32)

@@ -98,7 +98,7 @@ def cmd_searches(args) -> int:
     for r in rows:
         best = f"{r['best']:.2f}" if r.get("best") is not None else "-"
         ratio = f"{r['ratio']:.2f}" if r.get("ratio") is not None else "-"
-        # a finished search says so: `done 6/8` read as unfinished where ASHA stopped two early
+        # a finished search says so: `done 6/8` would read as unfinished where ASHA stopped two early
         done = "finished" if r.get("search_finished") else f"{r.get('finished', '?')}/{r.get('trials', '?')}"
         print(f"{r['name']:<24} {str(r['space'])[-34:]:<34} {r['created']:<20} {done:>8} {r.get('failed', '?'):>6} "
               f"{best:>10} {ratio:>7} {r.get('exports') or '-':>8}")
@@ -110,7 +110,7 @@ def cmd_searches(args) -> int:
 def cmd_ui(args) -> int:
     from triaccel.tracking import tracking_uri
 
-    # the options first: a refused --host or --port wrote the default store's mlruns/ before it said so
+    # the options first: a refused --host or --port writes nothing (not even the default store's mlruns/)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.allow_remote:
         print(f"triaccel: error: --host {args.host} exposes the UI beyond this machine; add --allow-remote "
               f"to mean it", file=sys.stderr)
@@ -147,8 +147,8 @@ def cmd_ui(args) -> int:
         return 2
     from triaccel.tracking import client
 
-    # a store MLflow cannot open (a file that is no database) was the URL line, then 68 lines of the
-    # server's traceback: one line, as train and search say it
+    # a store MLflow cannot open (a file that is no database): one line, as train and search say it,
+    # not the URL line and then the server's traceback
     client(uri, key="MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "the MLflow store")
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", args.host,
            "--port", str(args.port), "--workers", "1"]

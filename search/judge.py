@@ -1,7 +1,7 @@
 """Judging at the length the user trains (``production_epochs`` in the space).
 
-A search scores trials over a few epochs; a verdict there need not survive a longer run (H200: an
-export that scored 1.04x its reference over 4 epochs scored 0.945x over 8). Where the space declares
+A search scores trials over a few epochs; a verdict there need not survive a longer run (an H200
+export can score 1.04x its reference over 4 epochs and 0.945x over 8). Where the space declares
 ``production_epochs``, the confirm step ends here: the leading feasible trials (the top K that
 ``--confirm K`` re-ran alone) and the reference baseline are each trained alone for that many epochs
 at ``judge_seeds`` seeds, the reference's seed and the next ones, the same seeds for all, so each

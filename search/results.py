@@ -55,7 +55,7 @@ def trial_table(c, exp_id: str, search: str, role: str = "trial", curves: bool =
 
 def deleted_count(c, exp_id: str, search: str) -> int:
     """Runs of the search deleted in MLflow (the UI's Delete): the rules never see them, so a
-    reader must say they are missing (deleting the best trial changed what export picked, silently)."""
+    reader must say they are missing (deleting the best trial changes what export picks, silently)."""
     from mlflow.entities import ViewType
 
     return len(c.search_runs([exp_id], filter_string=f"tags.`{TAG_SEARCH}` = '{search}'",
@@ -198,7 +198,7 @@ def is_start(row: dict) -> bool:
 def to_confirm(o: Outcome, k: int) -> list:
     """The trials ``--confirm K`` re-runs alone: the top K feasible by their (shared) score, then
     every other feasible start point. Sharing the GPU ranks configurations unlike running alone
-    (H200: ASHA stopped the checkpointing start point at epoch 4 on its shared score, though alone
+    (on an H200 ASHA can stop the checkpointing start point at epoch 4 on its shared score, though alone
     it scores 1.07x the best static run), and only confirmed trials can be best. None where K is 0."""
     if k <= 0:
         return []
@@ -262,14 +262,14 @@ def pick(o: Outcome, objective: str, how: str) -> Pick:
                           "no trial is feasible and no baseline finished: nothing to export")
     if how.startswith("pareto-"):
         digits = how.split("-", 1)[1]
-        if not (digits.isascii() and digits.isdigit()):  # pareto-+0 and pareto- 1 were taken as pareto-0 and -1
+        if not (digits.isascii() and digits.isdigit()):  # int() would take pareto-+0 and pareto- 1 as 0 and 1
             raise ConfigError(f"--pick {how}: expected best or pareto-N")
         i = int(digits)
         front = pareto_front([{**r.row, "metrics": r.measured} for r in o.feasible])
         if not 0 <= i < len(front):
             n = len(front)
             has = ("no feasible trial" if n == 0 else "1 feasible trial (pareto-0)" if n == 1
-                   else f"{n} feasible trials (pareto-0 .. pareto-{n - 1})")  # was "(pareto-0 .. pareto-0)" of 1 or 0
+                   else f"{n} feasible trials (pareto-0 .. pareto-{n - 1})")  # no range of one entry or none
             raise ConfigError(f"--pick {how}: the Pareto front has {has}")
         r = next(x for x in o.feasible if x.row["run_id"] == front[i]["run_id"])
         return Pick("trial", r.row, r.measured, f"entry {i} of the feasible Pareto front")
@@ -300,7 +300,7 @@ def payback(search_gpu_s: float, ref_epoch_s: float, tuned_epoch_s: float) -> di
 def trade(measured: dict, ref: dict) -> dict:
     """What the efficiency ratio is made of: the exported run's epoch time and peak memory as
     multiples of the reference's. The score weighs them alike, so a config can win it while
-    being slower per epoch (checkpointing: H200, 1.30x the epoch time at 0.70x the memory): a
+    being slower per epoch (checkpointing on an H200: 1.30x the epoch time at 0.70x the memory): a
     user who pays for time, not memory, must see that before exporting."""
     return {"epoch_time_ratio": measured["epoch_time_last5_s"] / ref["epoch_time_last5_s"],
             "peak_mem_ratio": measured["peak_mem_gib"] / ref["peak_mem_gib"]}

@@ -34,10 +34,10 @@ STATE_FILE = "triaccel_search.json"
 
 def tune_root() -> Path:
     raw = os.environ.get("TRIACCEL_TUNE_DIR")
-    if raw is not None and not raw.strip():  # an empty value meant the current folder, silently
+    if raw is not None and not raw.strip():  # an empty value would mean the current folder, silently
         raise ConfigError("TRIACCEL_TUNE_DIR is set but empty: unset it (default mlruns/tune) or name a folder")
     p = Path(raw or "mlruns/tune").resolve()
-    if p.exists() and not p.is_dir():  # "no searches under FILE" read a misset variable as an empty store
+    if p.exists() and not p.is_dir():  # a misset variable, not an empty store
         raise ConfigError(f"TRIACCEL_TUNE_DIR={raw}: is a file, not a folder")
     return p
 
@@ -53,8 +53,8 @@ def _gpu_count() -> int:
 
 def on_gpu(space: SearchSpace) -> bool:
     """Its trials train on a GPU: the machine has one and the space's train.device is not cpu. A CPU space
-    on a GPU machine asked each trial for a share of a GPU it never used, so its trials ran a GPU's
-    worth at a time instead of a core each, and were measured as GPU-sharing trials."""
+    on a GPU machine must not ask each trial for a share of a GPU it never uses: its trials would run a
+    GPU's worth at a time instead of a core each, and be measured as GPU-sharing trials."""
     return _gpu_count() > 0 and str(space.train.get("device", "auto")).strip().lower() != "cpu"
 
 
@@ -108,7 +108,7 @@ def check_address(address: str | None) -> None:
                             f"{host}:{port}: {why})") from None
     with conn:
         if not os.environ.get("RAY_USE_TLS") and not _speaks_grpc(conn):
-            # ray.init would retry such a port for minutes (H200 and here: over 200 s)
+            # ray.init would retry such a port for minutes (over 200 s)
             raise TriAccelError(f"--address {label}: cannot join a Ray cluster there (something answers on "
                                 f"{host}:{port}, but not Ray: no gRPC server)")
 
@@ -136,8 +136,8 @@ def _token_auth_for_this_node(address: str) -> None:
 
     ``ray start --head`` turns token authentication on where a token exists (``~/.ray/auth_token``,
     written by any earlier local ``ray.init``), and ``ray.init(address="auto")`` then finds and
-    sends it, but an explicit address never does (Ray will not send a token to an address it was
-    merely given): the address ``ray start`` prints could not be joined. For this machine's own
+    sends it, but an explicit address never does (Ray will not send a token to an address it is
+    merely given): without this, the address ``ray start`` prints could not be joined. For this machine's own
     addresses (loopback, this node's IP) the token stays on the machine, so it is used; for any
     other host the user says so with RAY_AUTH_MODE=token, and the error says how.
     """
@@ -197,7 +197,7 @@ def _init_ray(address: str | None, quiet: bool = True, runtime_env: dict | None 
                                 f"/tmp/ray/session_latest/logs") from None
     from triaccel.errors import stop_on_sigterm
 
-    stop_on_sigterm()  # ray.init replaced it: SIGTERM aborted the driver with a stack dump (exit 134)
+    stop_on_sigterm()  # ray.init replaces it: SIGTERM would abort the driver with a stack dump (exit 134)
 
 
 def _constrained_optuna():
@@ -306,7 +306,7 @@ class _DropTuneFailureNoise(logging.Filter):
 
 def quiet_tune_failures() -> None:
     """A failed trial is one console line, its reason (``trial 3/8 ... FAILED Diverged: ...``); Tune
-    also printed the worker's whole traceback to stderr, ~40 lines per diverged trial. Its own
+    would also print the worker's whole traceback to stderr, ~40 lines per diverged trial. Its own
     switch turns that off (TUNE_PRINT_ALL_TRIAL_ERRORS=1 brings it back); the traceback stays in
     the trial's error file and its MLflow run."""
     os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
@@ -374,7 +374,7 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     check_name(name if name is not None else space.name, "--name" if name is not None else
                f"{space.source}: name" if "name" in space.raw else "--name (default: the space file's name)")
     name = name if name is not None else space.name
-    if len(space.start) > space.trials:  # the points past the trial count never ran, without a word
+    if len(space.start) > space.trials:  # the points past the trial count never run: say so
         print(f"triaccel: note: {space.source} has {len(space.start)} start points and the search runs "
               f"{space.trials} trials: only the first {space.trials} run", file=sys.stderr, flush=True)
     check_resources(space, address)
@@ -414,11 +414,11 @@ def _claim_and_run(name: str, space: SearchSpace, uri: str, path: Path, made: bo
              "options": {"confirm": confirm}}
     tmp = path / f".{STATE_FILE}.{os.getpid()}.tmp"
     try:
-        # whole or not at all: a full disk left an empty state file that took the name, and
-        # resume, export and searches then failed on it with a JSONDecodeError traceback
+        # whole or not at all: on a full disk an empty state file must not take the name (resume,
+        # export and searches could not read it)
         tmp.write_text(json.dumps(state, indent=1))
-        try:  # the name claimed exclusively: two searches of one name started together both ran, into one
-            os.link(tmp, path / STATE_FILE)  # Tune folder and one parent run, and both exited 0
+        try:  # the name claimed exclusively: two searches of one name started together must not both run,
+            os.link(tmp, path / STATE_FILE)  # into one Tune folder and one parent run
         except FileExistsError:
             raise ConfigError(f"search '{name}' already exists in {path} (started meanwhile by another "
                               f"process): choose another --name") from None
@@ -479,7 +479,7 @@ def check_resources(space: SearchSpace, address: str | None) -> None:
 
 def name_unused_in_store(name: str, uri: str, path: Path) -> None:
     """A new search's name has no runs in the store: with its Tune state deleted (mlruns/tune/NAME), a new
-    search of that name took the old baseline and parent run and ranked the old trials with its own."""
+    search of that name would take the old baseline and parent run and rank the old trials with its own."""
     from triaccel.search.callbacks import TAG_SEARCH
 
     c, exp = _client(uri)
@@ -496,7 +496,7 @@ def usable_store() -> str:
     key = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "the MLflow store"
     uri = resolve_uri(None)  # the folder of a sqlite path that cannot be made: one line naming where it came from
     # checked as the search will use it (absolute): MLflow builds one store per URI string, and checking the
-    # relative spelling first built two, ~1.5 s each (schema checks) at every search's start
+    # relative spelling first would build two, ~1.5 s each (schema checks) at every search's start
     absolute = absolute_store(uri)
     try:
         client(absolute, key=key)
@@ -514,9 +514,9 @@ def sqlite_path(uri: str) -> Path:
 
 
 def state_store(state: dict) -> str:
-    """The store a saved search writes. Searches saved before stores were recorded absolute hold the relative
-    default (sqlite:///mlruns/mlflow.db, read against the current folder): it is taken relative to the folder
-    holding mlruns/tune, where the search that wrote it ran."""
+    """The store a saved search writes. A state that holds a relative sqlite store (the default
+    sqlite:///mlruns/mlflow.db) is read relative to the folder holding mlruns/tune, where the search that
+    wrote it ran, not against the current folder."""
     uri = state["tracking_uri"]
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         return "sqlite:///" + str(tune_root().parent.parent / uri[len("sqlite:///"):])
@@ -526,7 +526,7 @@ def state_store(state: dict) -> str:
 def absolute_store(uri: str) -> str:
     """A relative sqlite store (the default sqlite:///mlruns/mlflow.db) as an absolute one, for the search's
     state: resolved against the current folder, `resume`, `export` and `searches` run from elsewhere (with
-    TRIACCEL_TUNE_DIR) read another, empty store and reported 0 trials without a word."""
+    TRIACCEL_TUNE_DIR) would read another, empty store and report 0 trials without a word."""
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         return "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
     return uri
@@ -535,17 +535,17 @@ def absolute_store(uri: str) -> str:
 def resume_search(name: str, address: str | None = None, confirm: int | None = None) -> dict:
     state = read_state(name)
     _check_confirm(confirm)
-    if not os.access(tune_root() / name, os.W_OK | os.X_OK):  # was pyarrow's traceback from Tune's restore
+    if not os.access(tune_root() / name, os.W_OK | os.X_OK):  # not pyarrow's traceback from Tune's restore
         raise ConfigError(f"{tune_root() / name}: cannot write there (a read-only disk or no permission): resume "
                           f"continues the search in that folder")
-    if confirm is None:  # as the search was started (--confirm 2 stopped in its confirm runs resumed with none)
+    if confirm is None:  # as the search was started (a search stopped in its confirm runs resumes them)
         confirm = saved_option(state, "confirm")
     with driver_lock(name, tune_root() / name, "resume"):  # before anything is written or started
         return _resume(name, state, address, confirm)
 
 
 def saved_option(state: dict, key: str):
-    """An option the search was started with (None: not given, or a search saved before options were)."""
+    """An option the search was started with (None: not given, or not in the saved state)."""
     options = state.get("options")
     return options.get(key) if isinstance(options, dict) else None
 
@@ -562,8 +562,8 @@ def _resume(name: str, state: dict, address: str | None, confirm: int | None) ->
     uri = state_store(state)
     bounded_http_retries()
     if uri.startswith("sqlite:///") and not sqlite_path(uri).is_file():
-        # moved or deleted: resume trained the baseline again into a new, empty store and reported the
-        # search finished with the trials it ran there
+        # moved or deleted: resuming would train the baseline again into a new, empty store and report
+        # the search finished with the trials it ran there
         raise ConfigError(f"search '{name}': its MLflow store {sqlite_path(uri)} is gone (moved or deleted): "
                           f"put it back to resume the search")
     if search_finished(name, uri):  # its parent run closed FINISHED: only `finish` does that
@@ -594,7 +594,7 @@ def _resume(name: str, state: dict, address: str | None, confirm: int | None) ->
 
 def note_space_edits(state: dict) -> None:
     """Resume continues the search as it started (its saved space); say so when the file has changed since
-    (edits were ignored without a word; a tester's report)."""
+    (the edits are not searched)."""
     import hashlib
 
     src = Path(state["source"])
@@ -611,8 +611,8 @@ def note_space_edits(state: dict) -> None:
 def restorable(name: str, space: SearchSpace) -> bool:
     """Whether Tune saved a state ``resume`` can continue: its experiment state, not only the
     ``tuner.pkl`` it writes when the Tuner is built. A driver that died between the two (Tune's
-    start-up) left no trial to continue; restoring such a directory made Tune plan one trial
-    (``num_samples`` is not in ``tuner.pkl``) and report a 1-trial search (#14 case 2). A
+    start-up) left no trial to continue; restoring such a directory would make Tune plan one trial
+    (``num_samples`` is not in ``tuner.pkl``) and report a 1-trial search. A
     state whose plan is smaller than the space's (left by such a resume) is refused: resuming it
     can never run the rest."""
     path = tune_root() / name
@@ -674,7 +674,7 @@ def _stopped(name: str, uri: str, left: str) -> None:
 
 
 # MLflow's client retries an unreachable server 7 times with a doubling back-off (about 4 minutes a call):
-# a server that died mid-search hung the search for 8.5 minutes before a 260-line traceback. A search
+# with those defaults a server that dies mid-search hangs the search for 8.5 minutes. A search
 # rides through a server restarted within about 15 s (1+2+4+8) and stops with one line after that.
 HTTP_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "4", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
@@ -708,9 +708,9 @@ def server_gone(e: BaseException, uri: str) -> str | None:
 def own_signals():
     """Around Tune's fit(): afterwards Ctrl-C and SIGTERM act as they did before it. Tune installs its own SIGINT
     handler for fit() and leaves it in place when fit() returns normally (ray/tune/tune.py,
-    _setup_signal_catching), so a Ctrl-C or SIGTERM during the confirm runs only set an event nobody read: the
-    search ran on, printed its summary, closed its parent run FINISHED and exited 0. The SIGINT handler from
-    before fit() is put back (a caller's own, or SIG_IGN in a background job, stays theirs)."""
+    _setup_signal_catching), so a Ctrl-C or SIGTERM during the confirm runs would only set an event nobody
+    reads: the search would run on, print its summary, close its parent run FINISHED and exit 0. The SIGINT
+    handler from before fit() is put back (a caller's own, or SIG_IGN in a background job, stays theirs)."""
     import signal
     import threading
 
@@ -777,9 +777,9 @@ def close_running(name: str, uri: str) -> None:
 
 
 
-# Re-run this many of the best alone when trials shared a GPU. Measured on the H200
-# (bench/results/h200_search.json): four trials to a GPU ran the winner of the one-at-a-time
-# search at half its speed and ranked it 5th; its own top 3, re-run alone, hold a config that
+# Re-run this many of the best alone when trials shared a GPU. Measured on an H200
+# (bench/results/packing/h200_search.json): four trials to a GPU run the winner of the one-at-a-time
+# search at half its speed and rank it 5th; its own top 3, re-run alone, hold a config that
 # scores 18.2 against 15.3 for the shared winner (the best of all 16 alone: 19.2).
 CONFIRM_WHEN_SHARED = 3
 
@@ -814,7 +814,7 @@ def read_state(name: str) -> dict:
         state = json.loads(p.read_text())
         if not isinstance(state, dict) or not STATE_KINDS.keys() - {"created"} <= state.keys():
             raise ValueError("not a search's state")
-        # of the right kinds too: a number for the store's URI was an AttributeError traceback in export
+        # of the right kinds too: a number for the store's URI would fail deep in export
         bad = [k for k, tp in STATE_KINDS.items() if k in state and not isinstance(state[k], tp)]
         if bad:
             raise ValueError(f"{', '.join(bad)} of the wrong kind")
@@ -1080,8 +1080,8 @@ def second_look(name: str, space: SearchSpace, uri: str, k: int) -> None:
     (if they were not), then re-run alone at the reference's next seed, as is the reference
     (once); the rules judge them by the mean of the two paired accuracy gaps, and by their
     figures alone at their own seed (the exported config's). A single seed misjudges a config
-    as accurate as the reference about one time in four (H200: both start points of
-    spaces/cifar10_resnet18.yaml, level with static over 3 seeds on the JPEG space, fell 0.72
+    as accurate as the reference about one time in four (an H200: both start points of
+    spaces/cifar10_resnet18.yaml, level with static over 3 seeds on the JPEG space, fall 0.72
     and 0.82 pp below the reference's one seed)."""
     from triaccel.config import TrainConfig, from_dict
     from triaccel.search.callbacks import TAG_ROLE, TAG_SEARCH
@@ -1163,7 +1163,7 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
     chosen = final_pick(o, space, j, how)
     row, measured = chosen.row, chosen.measured
     finished = search_finished(name, uri)
-    if finished is False:  # exported without a word while the search ran, or after it was stopped (a tester's report)
+    if finished is False:  # still running, or stopped: say the export is the best so far
         print(f"triaccel: note: search '{name}' has not finished (still running, or stopped): this is the best of "
               f"what it measured so far (provenance: search_finished: false); `triaccel resume {name}` finishes a "
               f"stopped one", file=sys.stderr)
@@ -1233,9 +1233,10 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
             + ("# Every key is written out: triaccel.policy fills only keys a config leaves unset, so changing it here "
                "changes no rule; change the keys themselves.\n" if cfg.mode == "triaccel" else "")
             + yaml.safe_dump(data, sort_keys=False))
-    # a temporary name of this process's own (a fixed OUT.tmp replaced and then deleted a user's file of
-    # that name, and two exports at once wrote the same one); without --force the name is claimed
-    # exclusively first: two exports at once both passed check_out and the second replaced the first's file
+    # a temporary name of this process's own (a fixed OUT.tmp would replace and then delete a user's file
+    # of that name, and two exports at once would write the same one); without --force the name is claimed
+    # exclusively first: two exports at once can both pass check_out, and the second must not replace the
+    # first's file
     tmp = p.with_name(f".{p.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     claimed = False
     try:
@@ -1273,7 +1274,7 @@ def check_out(out: str, force: bool) -> Path:
     folder = p.parent
     if not folder.is_dir():
         above = next((a for a in [folder, *folder.parents] if a.exists()), None)
-        if above is not None and not above.is_dir():  # said "no such folder" of a file that is there
+        if above is not None and not above.is_dir():  # a file that is there, not a missing folder
             raise ConfigError(f"--out {out}: {above} is a file, not a folder")
         raise ConfigError(f"--out {out}: no such folder {folder}")
     if not os.access(folder, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
@@ -1299,8 +1300,8 @@ def list_searches() -> list[dict]:
             o = read_outcome(name, space, state_store(st))
             item.update(finished=len(o.ranked), failed=len(o.failed), feasible=len(o.feasible),
                         search_finished=search_finished(name, state_store(st)))
-            # what `export` would write (results.pick), not the best trial: where nothing feasible beat the
-            # baseline the listing showed a trial's score below it, or '-', while export wrote the baseline
+            # what `export` would write (results.pick), not the best trial: where nothing feasible beats the
+            # baseline, export writes the baseline, and the listing must not show a trial's score or '-'
             with contextlib.suppress(ConfigError):  # nothing to export yet
                 j = judged(name, space, state_store(st), o)  # at the production length, where judged
                 chosen = final_pick(o, space, j)

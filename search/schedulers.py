@@ -2,12 +2,13 @@
 to the end.
 
 Why: ASHA stops a trial at a rung from its score *while trials share the GPU*, and sharing does
-not rank configurations as running alone does. On the H200 (``spaces/cifar10_resnet18.yaml`` on
-the CIFAR-10 JPEG pack, 8 epochs, 4 trials packed; bench/results/h200_search_cifar10_space.json)
-ASHA stopped the start point with activation checkpointing at its epoch-4 rung (shared score 78,
-val 74.6 %); alone, that configuration scores 1.07x the best static baseline at 8 epochs (182
-against 171 over 3 seeds, h200_exported_vs_static_3seeds.json), and the search, with no
-complete trial left that beat its baseline alone, exported the baseline. Checkpointing's
+not rank configurations as running alone does. On an H200 (``spaces/cifar10_resnet18.yaml`` on
+the CIFAR-10 JPEG pack, 8 epochs, 4 trials packed;
+bench/results/archive/search_cifar10_space/h200_search_cifar10_space.json) plain ASHA stops the
+start point with activation checkpointing at its epoch-4 rung (shared score 78, val 74.6 %);
+alone, that configuration scores 1.07x the best static baseline at 8 epochs (182 against 171 over
+3 seeds, bench/results/archive/export_vs_static/h200_exported_vs_static_3seeds.json), and a search
+with no complete trial left that beats its baseline alone exports the baseline. Checkpointing's
 recomputation costs more under sharing than alone, while the memory it saves counts the same.
 
 Start points are the space author's known-good configurations, a handful of trials, known by

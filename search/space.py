@@ -217,8 +217,8 @@ class SearchSpace:
         return out
 
     def baseline_train(self, label: str) -> dict:
-        """The train dict of the baseline run ``label`` (an MLflow tag of a search's run). A search started
-        before baseline.compile existed labelled a compiled baseline without its -compiled suffix."""
+        """The train dict of the baseline run ``label`` (an MLflow tag of a search's run). A search saved
+        without baseline.compile labels a compiled baseline without its -compiled suffix."""
         runs = dict(self.baseline_runs())
         if label in runs:
             return copy.deepcopy(runs[label])
@@ -275,8 +275,8 @@ def _span(train: dict, params: dict, key: str, default):
 
 
 def _check_batch_bounds(src: str, train: dict, params: dict) -> None:
-    """A batch_size the batch controller's bounds can refuse for some draws (the trainer refuses it, where it
-    once clamped it silently): said at the start, not trial by trial."""
+    """A batch_size the batch controller's bounds can refuse for some draws (the trainer refuses it): said
+    at the start, not trial by trial."""
     keys = ("batch_size", "triaccel.batch.min_batch", "triaccel.batch.max_batch")
     if not any(k in params for k in keys) or "mode" in params or train.get("mode") != "triaccel":
         return
@@ -299,8 +299,8 @@ CONTROLLER_DEFAULTS = "score"  # recorded with each search: the controller rules
 
 
 def pin_controller_defaults(raw: dict, saved_with: str | None) -> dict:
-    """A saved search's space as it was trained: searches saved before the score-aimed rules became the
-    defaults (no ``saved_with``) left unset keys to the paper's rules, so ``triaccel.policy: paper`` is set
+    """A saved search's space as it was trained: a search saved without ``saved_with`` trained its unset
+    keys under the paper's rules, so ``triaccel.policy: paper`` is set
     where the space does not set a policy itself (resume and export would otherwise train and write rules
     the search never measured)."""
     if saved_with is not None or not isinstance(raw, dict) or not isinstance(raw.get("train", {}), (dict, type(None))):
@@ -332,9 +332,9 @@ def is_section(key: str) -> bool:
 
 
 def section_refusal(key: str, spec) -> str:
-    """Why a searched section is refused: its value replaced the whole section, so the section's other keys
-    (fixed in train:, or defaults) were dropped from every trial while the summary and the export's
-    provenance showed the searched mapping as if merged. Searching its keys one by one says what trains."""
+    """Why a searched section is refused: its value would replace the whole section, so the section's other
+    keys (fixed in train:, or defaults) would be dropped from every trial while the summary and the export's
+    provenance show the searched mapping as if merged. Searching its keys one by one says what trains."""
     choices = spec.get("choices") if isinstance(spec, dict) else None
     first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
     if first:
@@ -348,7 +348,7 @@ def section_refusal(key: str, spec) -> str:
 
 
 def parse_space(data: dict, source: str = "<dict>", sha256: str = "", strict: bool = False) -> SearchSpace:
-    """``strict``: also the rules added after searches were saved with spaces they refuse (a new search's
+    """``strict``: also the rules that some saved searches' spaces do not meet (for a new search's
     space, from ``load_space`` or the CLI's overrides); a saved search's space is read as it was accepted,
     so its finished trials can still be resumed and exported."""
     src = source
@@ -381,7 +381,7 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "", strict: bo
         dist = spec.get("distribution")
         if dist not in DISTRIBUTIONS:
             raise _err(src, pk, f"unknown distribution {dist!r} (valid: {', '.join(DISTRIBUTIONS)})")
-        for sk in spec:  # {distribution: uniform, ..., step: 0.25} searched a continuous range without a word
+        for sk in spec:  # {distribution: uniform, ..., step: 0.25} would search a continuous range without a word
             if sk not in DIST_KEYS[dist]:
                 raise _err(src, f"{pk}.{sk}", f"{dist} does not use {sk} (it takes "
                                               f"{', '.join(sorted(DIST_KEYS[dist] - {'distribution'}))})"
@@ -452,8 +452,8 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "", strict: bo
                 raise _err(src, pk, f"high ({p.high}) must exceed {p.above}'s low ({q.low}): no value can lie above it")
             top = q.high * (1 + EPS) if q.high > 0 else q.high + EPS  # the least value above the partner's highest
             if strict and p.high <= top:
-                # a draw of the partner above this high left no room: resolve() clamped this key to its high,
-                # below the partner, and every such trial failed in the trainer with a traceback
+                # a draw of the partner above this high leaves no room: resolve() would clamp this key to its
+                # high, below the partner, and every such trial would fail in the trainer
                 raise _err(src, pk, f"high ({p.high:g}) must exceed {p.above}'s high ({q.high:g}): a draw of "
                                     f"{p.above} near its high would leave no value above it")
             if q.above:
@@ -554,7 +554,7 @@ def _start(src: str, spec, space: SearchSpace) -> list:
                     raise _err(src, f"{sk}.{k}", f"needs {p.above} in the same point (it is ordered above it)")
                 other = float(point[p.above])
                 least = other * (1 + EPS) if other > 0 else other + EPS  # what resolve() can give
-                if not v >= least:  # (other, least) was accepted and ran at least, not at v
+                if not v >= least:  # resolve() would run it at least, not at v
                     raise _err(src, f"{sk}.{k}", f"{v} must be above {p.above} ({point[p.above]}) "
                                                  f"by at least {EPS:g} (relative)")
         out.append(space.sampled(point))
@@ -613,10 +613,10 @@ def resolve_space_path(path: str) -> Path:
         if not p.is_file():  # a pipe or a device: read twice below (settings, then the sha256 recorded)
             raise ConfigError(f"{path}: not a regular file; a space is read from a file")
         return p
-    if is_dir:  # said "no such space file" of a folder that is there
+    if is_dir:  # a folder that is there, not a missing space file
         raise ConfigError(f"{path}: is a folder, not a space file")
     # a path with a folder names a file, never a shipped space: pathlib reads "./quickstart.yaml" as
-    # "quickstart.yaml", which ran the shipped space for a user who meant the file in this folder
+    # "quickstart.yaml", which would run the shipped space for a user who means the file in this folder
     if "/" in path or os.sep in path or is_link:  # a dangling link named so is the user's file too
         raise ConfigError(f"{path}: no such space file")
     from importlib import resources

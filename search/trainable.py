@@ -76,8 +76,9 @@ def restore_newest(result):
 
     Tune deletes a trial's older checkpoint on the driver as it registers a new one (num_to_keep), at once;
     the experiment state naming the new one reaches storage later (staged, then synced in the background). A
-    driver killed in between left a state naming a checkpoint gone from storage, and the resumed trial failed
-    ("Could not recover from checkpoint as it does not exist on storage anymore"), a finished trial included.
+    driver killed in between leaves a state naming a checkpoint gone from storage, and restoring from that
+    state alone fails ("Could not recover from checkpoint as it does not exist on storage anymore"), a
+    finished trial included.
     The newer checkpoint is on storage: the trial continues from it (a finished one has nothing left to train).
     """
     import ray.tune
@@ -115,7 +116,7 @@ def trial_class(fn):
 
 def trial_threads() -> int:
     """CPU threads of each trial's torch (TRIACCEL_TRIAL_THREADS, default 1: trials share the machine's
-    cores); checked by the driver before the search starts (an unusable value failed every trial)."""
+    cores); checked by the driver before the search starts (an unusable value would fail every trial)."""
     from triaccel.errors import ConfigError
 
     raw = os.environ.get("TRIACCEL_TRIAL_THREADS", "1")

@@ -105,7 +105,7 @@ def warm_start(space: SearchSpace, name: str, k: int) -> SearchSpace:
         added += 1
     raw["start"] = starts
     # the sampler's seed moves on by the earlier search's trials: with the same space and seed the random
-    # sampler drew the earlier search's points again, the ones now run as start points among them
+    # sampler would draw the earlier search's points again, the ones run as start points among them
     raw["seed"] = (space.seed + trials) % 2**32
     print(f"warm start: {added} of the best {len(rows)} feasible trials of search '{name}' run first; "
           f"sampler seed {raw['seed']} (the space's {space.seed} + its {trials} trials)", flush=True)

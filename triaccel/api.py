@@ -139,7 +139,7 @@ def _close_failed(logger, trainer, e: BaseException) -> None:
         except Exception:  # noqa: BLE001 -- a full store cannot take the status either: the error below says why
             if full is None and not stopped and not locked:
                 raise
-    if full is not None:  # was MLflow's traceback, exit 1
+    if full is not None:  # one line, not MLflow's traceback
         raise TriAccelError(f"a disk this run writes is full ({full}): training stopped after epoch "
                             f"{getattr(trainer, 'epoch', '?')}; free space and train again") from None
     if stopped and not isinstance(e, KeyboardInterrupt):

@@ -1,7 +1,7 @@
 """A captured micro-batch: forward, loss and backward replayed as one CUDA graph.
 
-On the H200 most of an eager ResNet-18 step is the host issuing ~300 kernels (issue 13:
-the GPU is busy 3.0 ms of a 9.9 ms step at B=96). A CUDA graph issues them in one launch.
+Most of an eager ResNet-18 step is the host issuing ~300 kernels (an H200 is busy 3.0 ms of
+a 9.9 ms step at B=96). A CUDA graph issues them in one launch.
 What is captured is the trainer's own micro-batch function, unchanged: the autocast region
 of the current precision plan, the summed cross-entropy, the division by the window's
 example count n (a device scalar, so a window of any size replays the same graph) and by the GradScaler's scale (a
@@ -25,15 +25,15 @@ switches capture off for the run with one log line; training goes on eager.
 
 When the trainer's batch or micro-batch changes, or cuDNN autotuning is switched, every graph
 is dropped and the pool released (``reset``): a shared pool keeps the largest working set any
-of its graphs ever needed, so after the memory-elastic batch explored 328 and settled at 192 the
-pool still held 328's activations (H200: 1.17 GiB of pool against 0.26 at B=96, and the
-score's peak with it), and a size measured after a larger one was charged the larger one's
-memory. Recording again costs one eager micro-batch and a few milliseconds per shape.
+of its graphs ever needed: without the reset, a memory-elastic batch that explored 328 and settled
+at 192 would keep 328's activations in the pool (an H200: 1.17 GiB of pool against 0.26 at B=96,
+and the score's peak with it), and a size measured after a larger one would be charged the larger
+one's memory. Recording again costs one eager micro-batch and a few milliseconds per shape.
 
 Gradients of a window's first micro-batch (``fresh``): when the window starts with a full
 micro-batch, its graph is recorded with every gradient unset, so the backward writes the
 gradients into the pool instead of adding into zeroed buffers (autograd's accumulation launches
-one add per parameter: 62 for ResNet-18, 114 us of a 2.4 ms B=96 step on the H200, plus the
+one add per parameter: 62 for ResNet-18, 114 us of a 2.4 ms B=96 step on an H200, plus the
 zeroing launch). Those pool tensors become the parameters' ``.grad`` and every replay overwrites
 them: nothing is zeroed. The window's later micro-batches, a short last batch and eager runs add
 into the same tensors as before (zeroed first). Recording a fresh graph drops every live graph
@@ -41,8 +41,8 @@ into the same tensors as before (zeroed first). Recording a fresh graph drops ev
 set of gradients exists; a reset or the end of the run unsets the gradients, so the old pool
 goes back whole.
 
-Memory is reported honestly: a replay allocates nothing, so the allocator's peak no longer
-sees the activations. The pool's bytes not held by live tensors (the allocator's snapshot
+Memory is reported honestly: a replay allocates nothing, so the allocator's peak does not
+see the activations. The pool's bytes not held by live tensors (the allocator's snapshot
 names each segment's pool) are added to every peak while graphs live (``extra_bytes``): that
 is what the device holds for them. Recording allocates inside the pool, so the meter holds
 its peak across a recording instead of counting those bytes twice.
@@ -197,7 +197,7 @@ class StepGraphs:
                 p.grad = None  # the backward below allocates them in the pool
             # and a new pool: the old one may still hold what no graph owns (cuBLAS's workspace for the
             # capture stream), and recording into a pool whose graphs are all gone trips the allocator's
-            # use_count assert (torch 2.11, reproduced on the H200; vllm#28426)
+            # use_count assert (torch 2.11; vllm#28426)
             self._new_pool()
 
         r0, a0 = torch.cuda.memory_reserved(self.device), torch.cuda.memory_allocated(self.device)
@@ -212,7 +212,7 @@ class StepGraphs:
         except Exception as e:  # noqa: BLE001 -- any failure: the run goes on eager, and says why
             self.disabled = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
             # torch.cuda.graph enters its capture stream before capture_begin, and an error there skips
-            # its exit: the rest of the run went on on that side stream (a helper's H200 repro)
+            # its exit: without this the rest of the run would go on on that side stream
             torch.cuda.set_stream(stream)
             self.graphs.clear()
             self.owner = None

@@ -13,7 +13,7 @@ from triaccel.errors import Interrupted, TriAccelError, interrupted
 
 def _stop_at_a_step_on_sigterm(trainer) -> None:
     """SIGTERM during `train`: the loop stops at its next step (no exception raised into whatever
-    library call is running: one landing inside MLflow's SQL layer left the run RUNNING), then the
+    library call is running: one landing inside MLflow's SQL layer leaves the run RUNNING), then the
     run is closed KILLED and the CLI exits 143. A second SIGTERM stops at once."""
     import signal
     import threading
@@ -41,7 +41,7 @@ def cmd_train(args) -> int:
 
 class _Parser(argparse.ArgumentParser):
     """argparse with the project's error format: one line naming the command and what is wrong,
-    exit 2 (argparse printed its whole usage block above the error, three to six lines for
+    exit 2 (argparse alone prints its whole usage block above the error, three to six lines for
     `search`; the usage is one `--help` away, and the line says so). Subcommands inherit it."""
 
     def error(self, message: str):
@@ -57,10 +57,10 @@ def one_line(message: str) -> str:
 
 
 class _Once(argparse.Action):
-    """An option that takes one value: given twice, argparse kept the last without a word
-    (`--config a.yaml --config b.yaml` trained b; `search --name a --name b` searched as b). An
-    empty value is refused where ``empty`` says why (an empty --config was read as the current
-    folder); elsewhere the command's own check names it."""
+    """An option that takes one value: given twice, it is refused (argparse alone keeps the last
+    without a word: `--config a.yaml --config b.yaml` would train b). An empty value is refused where
+    ``empty`` says why (an empty --config would name the current folder); elsewhere the command's own
+    check names it."""
 
     def __init__(self, *args, empty: str | None = None, **kw):
         self.empty = empty
@@ -94,8 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
         search_cli = None
     if search_cli is not None:
         search_cli.add_commands(sub, once=_Once)
-    # defined here, not in triaccel.profile: importing that (torch) made `triaccel --help` take 2 s, and a
-    # Ctrl-C in those seconds printed a traceback
+    # defined here, not in triaccel.profile: importing that (torch) would make `triaccel --help` take 2 s,
+    # and a Ctrl-C in those seconds print a traceback
     pr = sub.add_parser("profile", help="find the real bottleneck of a config before tuning anything")
     pr.add_argument("--config", required=True, action=_Once, empty=_YAML,
                     help="training config YAML to profile (configs/*.yaml, or an exported one)")
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         return 143 if errors.TERMINATED else 130
     except BrokenPipeError:
         # the reader of stdout went away (`triaccel train ... | head -1`): stop quietly, as a Unix tool
-        # killed by SIGPIPE does (was a traceback); stdout goes to /dev/null so the interpreter's final
+        # killed by SIGPIPE does, not with a traceback; stdout goes to /dev/null so the interpreter's final
         # flush at exit does not raise again
         import os
 

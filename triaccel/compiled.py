@@ -68,8 +68,8 @@ def _graphs_compiled() -> int:
 
 def _cache_hint(message: str) -> str:
     """When the error names a file in Inductor's on-disk cache: a compile killed mid-write (a timeout,
-    Ctrl-C) can leave a truncated file there that every later compile trips on (H200, 2026-12-02:
-    'main.so: file too short'), so say which folder to remove."""
+    Ctrl-C) can leave a truncated file there that every later compile trips on (e.g. 'main.so: file
+    too short'), so say which folder to remove."""
     try:
         from torch._inductor.runtime.cache_dir_utils import cache_dir
         folder = cache_dir()

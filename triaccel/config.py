@@ -23,19 +23,19 @@ from triaccel.errors import ConfigError
 MAX_BATCH = 2**24  # far above any batch that fits a device; larger values overflow inside torch
 # model.width: small_cnn's first-conv channels (its last conv has 4x), mlp's hidden units. small_cnn at
 # 1024 has 4096 channels in its last conv (8x ResNet-18's widest) and 94 M parameters; shipped configs
-# use 16. At 4096 (1.5 G parameters, 18 GiB with grads and momentum) a digits run was OOM-killed on a
-# 23 GiB machine; model.width=100000000 was an allocator traceback building the model.
+# use 16. At 4096 (1.5 G parameters, 18 GiB with grads and momentum) a digits run does not fit a
+# 23 GiB machine; far larger widths fail in the allocator while the model is built.
 MAX_WIDTH = 1024
 # triaccel.curvature.top_k: Hessian eigenvalues per layer (paper: 5). The probe holds k vectors the
 # size of the whole model two or three times over (ResNet-18 at k=64: 2.9 GB each, in fp32) and the
-# exact probe does k Hessian-vector products per layer and iteration; top_k=1000000000 was killed for memory.
+# exact probe does k Hessian-vector products per layer and iteration; a huge top_k exhausts memory.
 MAX_TOP_K = 64
-# model.resize: at most 2048 px a side (EfficientNet-B7 trains at 600); 99999999 was accepted and
-# failed allocating activations later. (data.image_size is checked against the data set's size
+# model.resize: at most 2048 px a side (EfficientNet-B7 trains at 600); a larger side would pass
+# set-up and fail allocating activations later. (data.image_size is checked against the data set's size
 # when it loads: triaccel.data.)
 MAX_IMAGE_SIDE = 2048
 # data.image_size: the smallest side each model can take (triaccel.models.MODELS). small_cnn max-pools
-# by 2 once (a 1 px image was "Output size is too small" from torch); resnet18 and efficientnet_b0 pad
+# by 2 once (a 1 px image fails in torch: "Output size is too small"); resnet18 and efficientnet_b0 pad
 # every strided conv and pool adaptively, mlp flattens: any side >= 1 runs.
 MIN_IMAGE_SIZE = {"small_cnn": 2}
 DEFAULT_WARMUP_EPOCHS = 5.0  # optim.warmup_epochs when unset (at most the run's length)
@@ -50,7 +50,7 @@ def check_crop_padding(dc, side: int) -> Optional[str]:
     """What is wrong with data.crop_padding for images of ``side`` px, or None. The random crop pads
     every side by crop_padding and cuts a side x side window: from crop_padding = side on, a crop may hold
     no image pixel at all, and the padded batch grows as (side + 2 * padding)^2
-    (data.crop_padding=100000 was an allocator traceback asking for 2.5 TB at the first batch)."""
+    (data.crop_padding=100000 would ask the allocator for 2.5 TB at the first batch)."""
     if dc.augment and dc.crop_padding >= side:
         return f"must be < the image side ({side} px) for the random crop, got {dc.crop_padding}"
     return None
@@ -100,7 +100,7 @@ class DataConfig:
         _check(0.0 < self.val_fraction < 1.0, "data.val_fraction", f"must be in (0, 1), got {self.val_fraction}")
         _check(self.image_size is None or self.image_size > 0, "data.image_size", "must be > 0")
         _check(self.crop_padding >= 0, "data.crop_padding", "must be >= 0")
-        # as `seed`: data.split_seed=10**20 was torch.Generator's "Overflow when unpacking long long" traceback
+        # as `seed`: torch.Generator takes no seed past 64 bits ("Overflow when unpacking long long")
         _check(0 <= self.split_seed < 2**32, "data.split_seed", f"must be in [0, 2**32), got {self.split_seed}")
         _check_reference(self, "data")
 
@@ -141,8 +141,8 @@ class ModelConfig:
     def __post_init__(self):
         _check(self.resize is None or 0 < self.resize <= MAX_IMAGE_SIDE, "model.resize",
                f"must be in [1, {MAX_IMAGE_SIDE}] px, got {self.resize}")
-        # only EfficientNet-B0 resizes its input: on another model resize was ignored, and it also waived
-        # the model's least image size (data.image_size=1 then failed inside max_pool2d)
+        # only EfficientNet-B0 resizes its input: another model would ignore resize, and the model's
+        # least image size would go unchecked (data.image_size=1 fails inside max_pool2d)
         own = self.class_path is not None or "/" in self.name  # the user's model, a zoo model: no resize either
         _check(self.resize is None or self.name in RESIZING_MODELS or (self.name not in KNOWN_MODELS and not own),
                "model.resize", f"only {' and '.join(sorted(RESIZING_MODELS))} resizes its input; "
@@ -175,8 +175,8 @@ class OptimConfig:
     nesterov: bool = False
     weight_decay: float = 5e-4
     betas: tuple = (0.9, 0.999)  # adamw
-    # linear warm-up, then cosine decay to 0; at most `epochs` (longer, the lr never reached optim.lr).
-    # Unset: 5 epochs, or the whole run when it is shorter (was 5 whatever the run's length).
+    # linear warm-up, then cosine decay to 0; at most `epochs` (longer, the lr would never reach optim.lr).
+    # Unset: 5 epochs, or the whole run when it is shorter.
     warmup_epochs: Optional[float] = None
     clip_grad_norm: Optional[float] = None  # None: no clipping
 
@@ -186,13 +186,13 @@ class OptimConfig:
         _check(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
         _check(self.warmup_epochs is None or self.warmup_epochs >= 0, "optim.warmup_epochs", "must be >= 0")
         _check(self.clip_grad_norm is None or self.clip_grad_norm > 0, "optim.clip_grad_norm", "must be > 0")
-        # torch's "Nesterov momentum requires a momentum and zero dampening" traceback at the first step
+        # torch raises "Nesterov momentum requires a momentum and zero dampening" only at the first step
         _check(not (self.nesterov and self.name == "sgd" and self.momentum == 0), "optim.nesterov",
                "needs optim.momentum > 0 (Nesterov momentum with no momentum is plain SGD)")
         # YAML 1.1 reads 9e-1 (no dot) as a string; a float key takes it (optim.lr=5e-2), so betas do too
         self.betas = tuple(_float_or_same(b) for b in self.betas) if isinstance(self.betas, (list, tuple)) else \
             self.betas
-        # `optim.betas=[a, b]` was "optim: '<=' not supported between instances of 'int' and 'str'" (no key)
+        # each beta a number, checked here so a string beta is named by its key, not by a TypeError
         _check(len(self.betas) == 2 and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1
                                             for b in self.betas), "optim.betas",
                f"two numbers in [0, 1), got {list(self.betas)!r}")
@@ -212,13 +212,13 @@ class PrecisionConfig:
     # median layer variance, so a tau range means the same for any model (tau_low above every
     # ratio: every layer FP16; tau_high below every ratio: every layer FP32). On ResNet-18/CIFAR the
     # layers' variances span ~4 decades (README). EfficientNet-B0 at 224 px with the absolute
-    # defaults put 54 of 82 layers in FP32: 5x the epoch time (bench/results/h200_effnet224_diag.json).
+    # defaults places 54 of 82 layers in FP32: 5x the epoch time (bench/results/effnet224/h200_effnet224_diag.json).
     scale: Literal["absolute", "relative"] = "relative"
     # v < tau_low -> FP16; v >= tau_high -> FP32 (between: BF16). Unset: the scale's default,
     # absolute 1e-7 / 1e-4 (the paper's kind of value); relative 200 / 1e4: FP16 unless a layer's
     # variance is 200x the median layer's. ResNet-18/CIFAR-10 at the start of training (CPU, B=96):
     # ratios 0.08 .. 112, the fc layer highest, the stem conv 44; every 16-bit plan is the fastest
-    # on the H200 (fp16 captured B=96: 1.19 s/epoch, bf16 1.37, all FP32 1.86 and 1.5x the memory).
+    # measured on an H200 (fp16 captured B=96: 1.19 s/epoch, bf16 1.37, all FP32 1.86 and 1.5x the memory).
     tau_low: Optional[float] = None
     tau_high: Optional[float] = None
     beta: float = 0.9  # EMA smoothing of the per-layer gradient variance
@@ -256,12 +256,12 @@ class CurvatureConfig:
     enabled: bool = True
     # power (triaccel.policy: paper): Hessian subspace iteration; fisher (default): a proxy from the
     # gradient statistics the precision controller samples anyway, ~free (power's probe at 224 px on
-    # EfficientNet-B0 finished no epoch in 170 s on the H200)
+    # EfficientNet-B0 does not finish an epoch in 170 s on an H200)
     method: Literal["power", "fisher"] = "fisher"
     # power: exact (one HVP per layer and vector: accurate, cost grows with the layer count), batched
     # (sign-mixed HVPs shared by all layers: k per iteration whatever the depth, biased ~1.4x), or auto:
     # exact up to 32 layers (ResNet-18: 21), batched above (EfficientNet-B0: 82 layers; exact at 224 px
-    # finished no epoch in 170 s on the H200)
+    # does not finish an epoch in 170 s on an H200)
     probe: Literal["auto", "exact", "batched"] = "auto"
     probe_dtype: Literal["fp32", "bf16"] = "fp32"  # precision of the probe's forward and products
     graphs: bool = True  # power on CUDA: capture one probe iteration in a CUDA graph, replay it (no host cost)
@@ -367,7 +367,7 @@ class TriAccelConfig:
     uniform_fast_path: bool = True  # one autocast region while every layer has the same level
     # Gradient statistics (the variance EMA, the Fisher proxy, the overflow flags) are sampled every
     # stats_every optimizer steps, not every step: the controllers read them once per window, and an
-    # every-step launch is host time the captured step cannot hide (H200, ResNet-18, captured fp16
+    # every-step launch is host time the captured step cannot hide (an H200, ResNet-18, captured fp16
     # B=96: 1.25 s/epoch with the loop's controllers off, 1.48 with statistics every step).
     # Unset: min(10, control_every). 1: every step, as the paper.
     stats_every: Optional[int] = None
@@ -390,7 +390,7 @@ class TrackingConfig:
 
     def __post_init__(self):
         _check(bool(self.experiment and self.experiment.strip()), "tracking.experiment", "must be a non-empty name")
-        # MLflow refuses experiment names over 500 characters (it was a traceback after the store opened);
+        # MLflow refuses experiment names over 500 characters (with a traceback after the store opened);
         # a line break split the run's closing line in two
         _check(len(self.experiment) <= 500, "tracking.experiment",
                f"must be at most 500 characters (MLflow's limit), got {len(self.experiment)}")
@@ -415,16 +415,18 @@ class TrainConfig:
     # its largest activations (ResNet-18 on 32 px: the first stage's 2 blocks hold about half of the
     # blocks' activations) for the same recomputed FLOPs per block as the later ones
     checkpoint_blocks: Optional[int] = None
-    # NHWC activations and weights. null (default): on for conv models on CUDA, where the H200
-    # measured 1.7-2x the NCHW step at batch 512 (bench/results/h200_step_breakdown.json), off on CPU.
+    # NHWC activations and weights. null (default): on for conv models on CUDA, where an H200 runs the
+    # step 1.7-2x as fast as NCHW at batch 512 (bench/results/profile/h200_step_breakdown.json), off on CPU.
     channels_last: Optional[bool] = None
-    # cuDNN autotuning. null (default): on for a fixed batch (H200, channels_last, B=512 bf16: 52.9k
+    # cuDNN autotuning. null (default): on for a fixed batch (an H200, channels_last, B=512 bf16: 52.9k
     # against 43.7k img/s untuned), off while the memory-elastic batch moves, since every new batch
-    # size is tuned again (fp32 B=512 NCHW first epoch: 7.9 s tuned, 2.7 s untuned; h200_baselines_bs512*.json).
+    # size is tuned again (fp32 B=512 NCHW first epoch: 7.9 s tuned, 2.7 s untuned;
+    # bench/results/archive/baselines/h200_baselines_bs512*.json).
     cudnn_benchmark: Optional[bool] = None
     # Record each micro-batch's forward + loss + backward as a CUDA graph and replay it
     # (triaccel.capture): one launch instead of ~300 per ResNet-18 step. CUDA only (a CPU run logs
-    # that it is eager); one graph per (micro-batch shape, precision plan), at most capture_cap live (the least recently used is dropped past it).
+    # that it is eager); one graph per (micro-batch shape, precision plan), at most capture_cap live
+    # (the least recently used is dropped past it).
     capture: bool = False
     capture_cap: int = 8
     # The sizes the memory-elastic batch moves between and an out-of-memory split falls to
@@ -443,16 +445,17 @@ class TrainConfig:
     # One compile per micro-batch shape and precision plan (torch's recompile limit applies: past it
     # that shape runs eager); evaluation and the curvature probes stay eager. The compile's time is in
     # the first epochs (the score leaves the first out) and reported apart (compile_s); a compile that
-    # fails is one log line and the run goes on eager. H200, ResNet-18 at B=96 (bench/results/h200_compile.json):
-    # with capture: true, 6 % faster and 5 % more memory than the captured eager forward; without
-    # capture, host-bound and slower than eager. Measure on your model (bench/search_vs_static.py --static).
+    # fails is one log line and the run goes on eager. An H200, ResNet-18 at B=96
+    # (bench/results/compile/h200_compile.json): with capture: true, 6 % faster and 5 % more memory
+    # than the captured eager forward; without capture, host-bound and slower than eager.
+    # Measure on your model (bench/search_vs_static.py --static).
     compile: Optional[Literal["default", "max-autotune-no-cudagraphs", "reduce-overhead"]] = None
     # fp16 (GradScaler): learn whether a step was skipped one step later, from a non-blocking copy of
     # the found-inf flag, instead of reading the scale back every step (a host sync the captured step
-    # cannot hide: captured fp16 B=96 ran 2.02 s/epoch against bf16's 1.36 on the H200). The lr
+    # cannot hide: captured fp16 B=96 runs 2.02 s/epoch against bf16's 1.36 on an H200). The lr
     # schedule stays exact: each step's lr is set after the previous step's outcome is known. With it,
     # torch.optim runs fused on CUDA (no sync in GradScaler.step). H200, ResNet-18, B=96 captured
-    # fp16: 1.79 -> 1.19 s/epoch, eff 84 -> 136, same val acc (bench/results/h200_triaccel_b96_diag.json).
+    # fp16: 1.79 -> 1.19 s/epoch, eff 84 -> 136, same val acc (bench/results/triaccel_diag/h200_triaccel_b96_diag.json).
     deferred_skip: bool = True
     eval_batch_size: int = 1024
     evaluate_test: bool = True  # final test-set evaluation (never used for selection)
@@ -461,8 +464,8 @@ class TrainConfig:
     # trains and restored after; one the user set in the environment wins, with a log line).
     # null: torch's default, 32 MiB on Hopper, paid twice per stream (cuBLAS and cuBLASLt) and
     # again on the capture stream: 130 MiB of a captured ResNet-18 step's 0.52 GiB peak
-    # at B=96 on the H200, for a model whose only matmul is its 512x10 classifier. 4 there: peak 0.41
-    # GiB, same step time, efficiency 114 -> 142 (bench/results/h200_mem_breakdown*.json). Models with
+    # at B=96 on an H200, for a model whose only matmul is its 512x10 classifier. 4 there: peak 0.41
+    # GiB, same step time, efficiency 114 -> 142 (bench/results/mem_breakdown/). Models with
     # large matmuls (transformers) may want torch's default: measure before lowering it.
     cublas_workspace_mib: Optional[int] = None
     data: DataConfig = field(default_factory=DataConfig)
@@ -501,7 +504,7 @@ class TrainConfig:
                f"rising to optim.lr when the run ends")
         bc = self.triaccel.batch
         if self.mode == "triaccel" and bc.enabled:
-            # min_batch=200 trained at 96, max_batch=16 turned 64 into 16, both without a word
+            # the controller's bounds must hold the start: it would otherwise clamp batch_size without a word
             _check(bc.min_batch <= self.batch_size <= bc.max_batch, "batch_size",
                    f"{self.batch_size} is outside the batch controller's bounds [triaccel.batch.min_batch "
                    f"{bc.min_batch}, triaccel.batch.max_batch {bc.max_batch}]")
@@ -556,10 +559,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         _check(isinstance(value, (int, float)) and not isinstance(value, bool), key, f"must be a number, got {value!r}")
         try:
             f = float(value)
-        except OverflowError:  # an integer of 400 digits was an OverflowError traceback
+        except OverflowError:  # an integer too large for a float (400 digits)
             raise ConfigError(f"{key}: must be a number within float32's range (|x| <= {FLOAT32_MAX:.3g}), "
                               f"got an integer of about {int(value.bit_length() * 0.30103) + 1} digits") from None
-        # within float32's range: torch takes these as float32 scalars (lr=1e300 was a traceback at step one);
+        # within float32's range: torch takes these as float32 scalars (lr=1e300 fails at step one);
         # inf and nan are left to each key's own check (some keys take inf: "never")
         _check(not math.isfinite(f) or abs(f) <= FLOAT32_MAX, key,
                f"must be a number within float32's range (|x| <= {FLOAT32_MAX:.3g}), got {value!r}")
@@ -594,8 +597,8 @@ def from_dict(cls, data: dict, prefix: str = ""):
         obj = cls(**kwargs)
     except TypeError as e:  # pragma: no cover - guarded by the checks above
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {e}") from None
-    # nan and inf pass most range checks (inf >= 0): optim.warmup_epochs=.inf was an OverflowError
-    # traceback in the trainer, optim.weight_decay=inf trained to a nan loss. After the section's own
+    # nan and inf pass most range checks (inf >= 0): optim.warmup_epochs=.inf would overflow in the
+    # trainer, optim.weight_decay=inf trains to a nan loss. After the section's own
     # checks, so a key with its own wording (optim.lr) keeps it.
     for k, v in kwargs.items():
         if isinstance(v, float) and not math.isfinite(v):
@@ -642,7 +645,7 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
         if "=" not in item:
             raise ConfigError(f"--set {item}: expected key=value")
         k, v = item.split("=", 1)
-        if not all(part.strip() for part in k.split(".")):  # `--set =5`, `--set .epochs=1`: was ": unknown key"
+        if not all(part.strip() for part in k.split(".")):  # `--set =5`, `--set .epochs=1`: an empty key part
             raise ConfigError(f"--set {item}: expected key=value with a dotted key such as optim.lr=0.1")
         try:
             value = yaml.safe_load(v)
@@ -658,9 +661,9 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
 
 
 TOO_DEEP = object()
-MAX_YAML_DEPTH = 64  # a config nests 4 levels; 900 nested lists were a RecursionError traceback
+MAX_YAML_DEPTH = 64  # a config nests 4 levels; deeper nesting would hit Python's recursion limit
 # a config holds ~150 values, an exported one with its provenance a few hundred; nine levels of anchors
-# of nine aliases each ("billion laughs") expand to 387 million, which the walk below took minutes over
+# of nine aliases each ("billion laughs") expand to 387 million, which the walk below would take minutes over
 MAX_YAML_VALUES = 100_000
 FLOAT32_MAX = 3.4028234663852886e38
 
@@ -693,8 +696,8 @@ class _DuplicateKey(yaml.YAMLError):
 
 class _StrictLoader(yaml.SafeLoader):
     """SafeLoader that refuses a key given twice in one mapping: PyYAML keeps the last silently, so
-    `epochs: 1` ... `epochs: 50` trained 50 epochs and a space's second `params` entry for a key replaced
-    the first without a word. Merge keys (``<<: *base``) may still be overridden."""
+    `epochs: 1` ... `epochs: 50` would train 50 epochs and a space's second `params` entry for a key would
+    replace the first without a word. Merge keys (``<<: *base``) may still be overridden."""
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
@@ -725,15 +728,15 @@ def path_kind(p: Path) -> tuple[bool, bool, bool]:
 def read_yaml(path: str | Path) -> dict:
     p = Path(path)
     is_dir, exists, is_link = path_kind(p)
-    if is_dir:  # said "no such file" of a folder that is there
+    if is_dir:  # a folder that is there is no YAML file, not a missing one
         raise ConfigError(f"{p}: is a folder, not a YAML file")
     if not exists:
-        if is_link:  # a link loop or a dangling link was "no such file" of a link that is there
+        if is_link:  # a link loop or a dangling link: the link is there, its target is not
             raise ConfigError(f"{p}: a symbolic link that leads to no file (a loop, or its target is missing)")
         raise ConfigError(f"{p}: no such file")
     try:
-        # not only regular files: `--config <(sed ... c.yaml)` and other pipes (/dev/fd/N, a FIFO) were
-        # "no such file"; read once (a pipe cannot be read twice), and never without end (/dev/zero)
+        # not only regular files: `--config <(sed ... c.yaml)` and other pipes (/dev/fd/N, a FIFO) are
+        # read too; read once (a pipe cannot be read twice), and never without end (/dev/zero)
         with open(p, "rb") as f:
             raw = f.read(MAX_YAML_BYTES + 1)
     except OSError as e:

@@ -75,7 +75,7 @@ class TriAccelLoop(Callback):
         self.kernel_backend = "torch" if c.kernels == "torch" else ("triton" if c.kernels == "triton" else "auto")
         # The trainer sets gradients to None between steps, as static AMP does: zeroed in place,
         # autograd would add each new gradient into the old buffer (62 extra kernels a ResNet-18
-        # step on the H200). The kernels' block tables are cached by address instead.
+        # step). The kernels' block tables are cached by address instead.
 
         self.prec = PrecisionController(c.precision, self.L, initial=tr.cfg.amp_dtype,
                                         tau_curv=c.curvature.tau_curv if c.curvature.enabled else None) \
@@ -389,7 +389,7 @@ class TriAccelLoop(Callback):
         for obj, key in ((self.prec, "prec"), (self.curv, "curv"), (self.batch, "batch"), (self.probe, "probe")):
             if obj is not None and s.get(key) is not None:
                 obj.load_state_dict(s[key])
-        if "fisher_acc" in s:  # checkpoints from before these were saved resume without them
+        if "fisher_acc" in s:  # a checkpoint that lacks these resumes without them
             self.fisher_acc.copy_(s["fisher_acc"].to(self.fisher_acc.device))
             self.nonfinite.copy_(s["nonfinite"].to(self.nonfinite.device))
             self.fisher_n, self.last_var = s["fisher_n"], list(s["last_var"])

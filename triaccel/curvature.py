@@ -10,7 +10,7 @@ differentiates, so the eigvalsh test holds exactly. What keeps it cheap:
 
 - CUDA graphs (``graphs``, on by default on CUDA): forward, ``create_graph`` backward and all
   products of one iteration are captured once and replayed per iteration. An eager product
-  is hundreds of small launches (48.5 ms at b=32 on the H200, host-bound); replayed, it costs
+  is hundreds of small launches (48.5 ms at b=32 on an H200, host-bound); replayed, it costs
   its GPU time. The probe batch lives in fixed tensors (``static_inputs``) for this.
 - warm start: V is kept between refreshes (every ``every`` steps the Hessian moves little),
   so a few iterations suffice; iteration stops when every layer's theta moved less than ``tol``
@@ -45,8 +45,8 @@ import torch.nn as nn
 def vmap_by_default(device: torch.device, params: list[torch.Tensor]) -> bool:
     """Autograd products: one vmapped backward per chunk on GPUs, except for NHWC (channels_last)
     weights: cuDNN's convolution backward asks for their memory format inside vmap, which torch
-    2.11 does not implement (RuntimeError "NYI: querying is_contiguous inside of vmap", seen on
-    the H200). Those probes run one backward per vector instead."""
+    2.11 does not implement (RuntimeError "NYI: querying is_contiguous inside of vmap"). Those
+    probes run one backward per vector instead."""
     nhwc = any(p.dim() == 4 and not p.is_contiguous() and p.is_contiguous(memory_format=torch.channels_last)
                for p in params)
     return device.type == "cuda" and not nhwc

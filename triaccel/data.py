@@ -91,7 +91,7 @@ def stratified_split(labels: torch.Tensor, fraction: float, seed: int) -> tuple[
 # --------------------------------------------------------------------------- sources
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     """scikit-learn's digits (1,797 8x8 images, values 0-16, and their labels), read from the file
-    scikit-learn ships without importing scikit-learn: its import took 1-2 s of every quickstart
+    scikit-learn ships without importing scikit-learn: its import takes 1-2 s of every quickstart
     process (each search trial is one), the file 20 ms. Falls back to ``load_digits`` if the file moved."""
     import importlib.util
 
@@ -300,15 +300,15 @@ def _list_images(split_dir: Path, classes: list | None, data_real: tuple = ()) -
 
 def _to_8bit(im):
     """A 16-bit grayscale image (``I;16*``, or ``I``: the mode of 16-bit PNGs in older PIL versions) rescaled
-    0..65535 -> 0..255 as 8-bit ``L``: PIL's ``convert`` clips such values at 255 (a 16-bit image came out almost
+    0..65535 -> 0..255 as 8-bit ``L``: PIL's ``convert`` clips such values at 255 (a 16-bit image comes out almost
     all white). Values above 65535 clip. A float image (``F``) is refused. Other modes are returned as they are."""
     from PIL import Image
 
     if not (im.mode.startswith("I;16") or im.mode in ("I", "F")):
         return im
-    if im.mode == "F":  # its range is the producer's choice (0..1, 0..255, ...): guessing it per image mislabelled
+    if im.mode == "F":  # its range is the producer's choice (0..1, 0..255, ...): guessing it per image mislabels
         raise ValueError("a 32-bit float image: its value range is unknown; convert it to 8 or 16 bits")
-    # one fixed range for every image of a data set (scaling each by its own values made 0.99 and 1.01 decode
+    # one fixed range for every image of a data set (scaling each by its own values would decode 0.99 and 1.01
     # to 252 and 1): 16-bit, PNG's grayscale depth; 12-bit data stored in 16 bits comes out dark
     a = np.asarray(im).astype(np.float64)
     return Image.fromarray(np.clip(np.rint(a * (255.0 / 65535.0)), 0, 255).astype(np.uint8), "L")
@@ -330,7 +330,8 @@ def _decode(path: Path, size: int) -> np.ndarray:
 def _cache_key(files: list[Path], labels: list[int], classes: list, size: int) -> str:
     """Everything a cached split depends on: the image side, the class list, and each file's path, label and
     identity on disk (size, mtime, inode), so that a new class, a re-labelled or an edited image is decoded anew."""
-    # v3: 16-bit grayscale rescaled, not clipped white (a cache of the old decoding is not reused)
+    # v3: the decoding's version (16-bit grayscale rescaled, not clipped white): a cache that another
+    # decoding wrote is not reused
     h = hashlib.sha1(f"v3|{size}|{len(files)}|{len(classes)}\n".encode())
     for c in classes:
         h.update(f"class|{c}\n".encode())

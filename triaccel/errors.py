@@ -20,7 +20,7 @@ class DataError(TriAccelError):
 def stop_on_sigterm() -> None:
     """SIGTERM (``kill``, a batch scheduler, a container stopping) ends the work as Ctrl-C does:
     runs closed KILLED, Tune's state saved, the line saying how to continue. Without it Python
-    died at once (MLflow runs left RUNNING) and, once Ray was up, Ray's own handler aborted the
+    dies at once (MLflow runs left RUNNING) and, once Ray is up, Ray's own handler aborts the
     driver with a stack dump (exit 134). Called at start-up and again after ``ray.init``, which
     installs its own handlers."""
     import signal
@@ -53,7 +53,7 @@ def _chain(e: BaseException | None):
 def interrupted(e: BaseException | None) -> bool:
     """Whether ``e`` is, or was caused by, a KeyboardInterrupt: Ctrl-C, or SIGTERM as the CLI
     maps it, that landed inside a library call which wrapped it in its own error (MLflow's SQL
-    layer does: the run was left RUNNING and the CLI exited 1 with a traceback)."""
+    layer does; unrecognised, the run would stay RUNNING and the CLI exit 1 with a traceback)."""
     return any(isinstance(x, KeyboardInterrupt) for x in _chain(e))
 
 
@@ -62,7 +62,7 @@ TERMINATED = False  # set when SIGTERM arrived: the CLI exits 143 (128 + SIGTERM
 
 def disk_full(e: BaseException) -> str | None:
     """What a disk-full error says (its first line), looking through its causes; None for any other.
-    A store or Tune folder that filled mid-search was a traceback of MLflow's or Tune's, exit 1."""
+    A store or Tune folder that fills mid-search otherwise surfaces as MLflow's or Tune's traceback, exit 1."""
     import errno
 
     for x in _chain(e):

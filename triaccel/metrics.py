@@ -30,7 +30,7 @@ def steady_epoch_time(epoch_times: list[float]) -> float:
     autotuning of every new shape, the memory-elastic batch's exploration), as its peak memory
     does, which ``run_peak`` leaves out too. For runs of six epochs or more this is exactly the
     paper's last-five mean; for shorter ones (a 4-epoch search) it stops a one-off cost of several
-    seconds from deciding the ranking (H200: static AMP B=512 ran 0.9 s epochs after a 4 s first one).
+    seconds from deciding the ranking (an H200: static AMP B=512 runs 0.9 s epochs after a 4 s first one).
     """
     return last5_mean(epoch_times[1:] if len(epoch_times) > 1 else epoch_times)
 

@@ -146,7 +146,7 @@ def build_model(cfg, num_classes: int, in_channels: int | None, image_size: int 
                           f"(name a model of your own in model.class_path)")
     if cfg.name not in MODELS:
         raise ConfigError(f"model.name: unknown model {cfg.name!r} (valid: {', '.join(sorted(MODELS))})")
-    # the dataset's own side (data.image_size unset); a set data.image_size was checked with the config
+    # the dataset's own side (data.image_size unset); a set data.image_size is checked with the config
     bad = check_image_size(cfg, image_size)
     if bad:
         raise ConfigError(f"data.image_size: {bad}")
@@ -181,8 +181,8 @@ def enable_checkpointing(model: nn.Module, first: int | None = None, log=print) 
 
     The block's forward is wrapped in place (parameter names and state_dict keys unchanged).
     The recomputation normalises with the batch's statistics as the forward did, but leaves the
-    BatchNorm running statistics alone: updated by both, they moved twice a step (momentum 0.1
-    acting like 0.19), so evaluation saw other statistics than the plain model's.
+    BatchNorm running statistics alone: updated by both, they would move twice a step (momentum 0.1
+    acting like 0.19), and evaluation would see other statistics than the plain model's.
     Returns the number of blocks wrapped.
     """
     blocks = find_blocks(model)

@@ -106,7 +106,7 @@ class PrecisionRuntime:
     """Applies per-layer levels. ``region()`` is the trainer's forward context: while every layer
     has the same level (the common case) it is one autocast region around the whole forward,
     exactly static AMP's cost, and the per-layer wrappers step aside; once levels differ, each
-    layer runs in its own region. (On the H200 the per-layer regions cost +7-8 % over one region.)
+    layer runs in its own region. (On an H200 the per-layer regions cost +7-8 % over one region.)
     """
 
     def __init__(self, model: nn.Module, device: torch.device, initial: str = "bf16", log=print,

@@ -269,11 +269,11 @@ def cmd_profile(args) -> int:
     from triaccel.config import load_config
     from triaccel.errors import ConfigError
 
-    # --steps 0 profiled every variant's warm-up, then was statistics' "no median for empty data"
-    # traceback; --warmup -1 was taken as 0 without a word
+    # --steps 0 would profile every variant's warm-up and then have no median to report; a negative
+    # --warmup would act as 0 without a word
     if not 1 <= args.steps <= MAX_STEPS:
         raise ConfigError(f"--steps {args.steps}: must be in [1, {MAX_STEPS}] (timed steps per measurement)")
-    if not 0 <= args.warmup <= MAX_STEPS:  # --warmup 1e20 was taken and ran until killed
+    if not 0 <= args.warmup <= MAX_STEPS:  # a huge --warmup would run until killed
         raise ConfigError(f"--warmup {args.warmup}: must be in [0, {MAX_STEPS}]")
     cfg = load_config(args.config, args.set)
     if cfg.tracking.enabled:  # an unusable store said before the profile runs, not after (as train does)
@@ -281,19 +281,19 @@ def cmd_profile(args) -> int:
 
         client(cfg.tracking.tracking_uri)
     if args.out is not None and not getattr(args, "force", False):
-        # an earlier profile's report in --out was replaced without a word (export refuses without --force)
+        # an earlier profile's report in --out is not replaced without --force (as export refuses)
         old = [f for f in REPORT_FILES if (Path(args.out) / f).exists()]
         if old:
             raise ConfigError(f"--out {args.out}: holds an earlier profile ({', '.join(old)}): give another "
                               f"folder, or --force to replace it")
-    if args.out is not None:  # --out naming a file was a FileExistsError traceback
+    if args.out is not None:  # --out naming a file: one line, not a FileExistsError traceback
         try:
             Path(args.out).mkdir(parents=True, exist_ok=True)
         except OSError as e:
             why = "is a file, not a folder" if Path(args.out).exists() else \
                 f"cannot create the folder ({e.strerror or e})"
             raise ConfigError(f"--out {args.out}: {why}") from None
-        # a folder where a report file goes was an IsADirectoryError traceback after the whole profile ran
+        # a folder where a report file goes: refused now, not an IsADirectoryError after the whole profile
         taken = [f for f in REPORT_FILES if (Path(args.out) / f).is_dir()]
         if taken:
             raise ConfigError(f"--out {args.out}: {', '.join(taken)} there is a folder: the profile writes a file "

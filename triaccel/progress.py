@@ -21,7 +21,7 @@ def enabled() -> bool:
 
 def delay() -> float:
     """``TRIACCEL_PROGRESS_DELAY`` in seconds; a value that is not one is a one-line error naming the
-    variable (``=abc`` was a ValueError traceback from the first bar, mid-run). The CLI checks it first."""
+    variable (not a ValueError from the first bar, mid-run). The CLI checks it first."""
     from triaccel.errors import ConfigError
 
     raw = os.environ.get("TRIACCEL_PROGRESS_DELAY") or "2"  # set but empty: the default, as unset

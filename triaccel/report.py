@@ -4,7 +4,7 @@
 window and layer), and three plots: batch size and memory over steps; a layer x window
 heatmap of precision; per-layer lambda and lr scale. A search trial writes the JSON and CSV with
 every epoch's checkpoint and leaves the plots to the driver (``plots_from_json``), which draws
-them once per trial when it logs the trial to MLflow: drawing them at every epoch cost a trial
+them once per trial when it logs the trial to MLflow: drawing them at every epoch would cost a trial
 about 0.45 s an epoch (2-core CPU), several times the quickstart's epoch.
 """
 from __future__ import annotations

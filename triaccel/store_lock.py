@@ -2,8 +2,8 @@
 
 sqlite lets one writer at a time; a reader or writer elsewhere (the MLflow UI, a backup, a second
 search, `sqlite3` in a shell) can hold the file locked for seconds. MLflow has sqlite wait 20 s
-(busy_timeout) and then raises "database is locked", which ended `train` with a 189-line traceback and a run
-left RUNNING, and a search with a traceback per callback. Every MLflow call of this project goes
+(busy_timeout) and then raises "database is locked", which, unhandled, would end `train` with a traceback
+and a run left RUNNING, and fill a search with a traceback per callback. Every MLflow call of this project goes
 through ``client()``, whose client retries such a call for up to ``wait_s()`` seconds in all
 (TRIACCEL_STORE_LOCK_WAIT_S, default 60) and then raises ``StoreLocked``: one line naming the store.
 """

@@ -33,7 +33,7 @@ def tracking_uri(explicit: str | None = None, key: str = "tracking.tracking_uri"
         folder = Path(uri[len("sqlite:///"):]).parent
         try:
             folder.mkdir(parents=True, exist_ok=True)
-        except OSError as e:  # a file named mlruns here was a FileExistsError traceback from train, profile, ui
+        except OSError as e:  # e.g. a file named mlruns here: one line naming it, not a FileExistsError traceback
             where = key if explicit else ("MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI")
                                           else "the default MLflow store")
             what = "is a file, not a folder" if folder.exists() and not folder.is_dir() else (e.strerror or str(e))
@@ -117,8 +117,8 @@ def check_store(uri: str, key: str = "tracking.tracking_uri", write: bool = True
         raise ConfigError(f"{key}: unknown MLflow store scheme {scheme!r} in {uri} "
                           f"(use sqlite:///PATH, http(s)://HOST:PORT or a database URI)")
     if scheme == "sqlite" and urlparse(uri).path.strip("/") in ("", ":memory:"):
-        # sqlite:// (or sqlite:///, :memory:) is a store in this process's memory: train said "MLflow run ... at
-        # sqlite://" and the run was gone when it exited
+        # sqlite:// (or sqlite:///, :memory:) is a store in this process's memory: a run logged there
+        # is gone when the process exits
         raise ConfigError(f"{key}: {uri} is an in-memory sqlite store: every run would be lost when the process "
                           f"ends; give a file, e.g. sqlite:///mlruns/mlflow.db")
     if scheme in ("http", "https"):
@@ -132,11 +132,11 @@ def check_store(uri: str, key: str = "tracking.tracking_uri", write: bool = True
         return
     if scheme == "sqlite" and not write:
         db = Path(uri[len("sqlite:///"):].split("?", 1)[0])  # sqlite:///x.db?timeout=30: the file is x.db
-        if not db.is_file():  # a read (export, searches) created an empty store there and found nothing in it
+        if not db.is_file():  # a read (export, searches) would create an empty store there and find nothing
             raise ConfigError(f"{key}: no MLflow store at {db}")
     try:
         # A fresh sqlite store is created (schema migrations) by the first client: under a file lock,
-        # so two searches started together on a new store do not race in the migrations (#14 case 8).
+        # so two searches started together on a new store do not race in the migrations.
         from triaccel.store_lock import RetryingClient, StoreLocked
 
         with _store_lock(uri, key, write):

@@ -319,8 +319,8 @@ class Trainer:
         self.test_data = mk(sp.test, False, 0)
         data_bytes = (torch.cuda.memory_allocated(self.device) - before) if self.device.type == "cuda" else 0
         # not this run's: tensors the process held before it (an earlier run in the same process not
-        # yet collected: a search's baselines run one after another in its driver; on the H200 one
-        # read 0.65 GiB against 0.39 alone and lost its place to a slower baseline)
+        # yet collected: a search's baselines run one after another in its driver, and counting the
+        # previous one's tensors would charge a baseline for memory it does not use: 0.65 GiB against 0.39)
         held_before = before
         self.sampler = ElasticSampler(len(self.train_data), seed=cfg.seed,
                                       device=self.device if dc.device_resident else None)
@@ -370,10 +370,10 @@ class Trainer:
         if cfg.capture:
             if self.device.type == "cuda":
                 # fresh gradients (triaccel.capture) except under checkpointing: there the gradients, kept
-                # live in the pool, fragment it between the recomputed blocks' activations (H200, the
+                # live in the pool, fragment it between the recomputed blocks' activations (an H200, the
                 # exported ResNet-18 config at B=96: 3 % faster, +10 % peak memory, score -6 %; without
-                # checkpointing: 7.7 % faster and 6 % less memory; bench/results/h200_step_gap_fresh.json,
-                # h200_exported_vs_static_fresh_ckpt.json)
+                # checkpointing: 7.7 % faster and 6 % less memory; bench/results/step_gap/h200_step_gap_fresh.json,
+                # bench/results/archive/export_vs_static/h200_exported_vs_static_fresh_ckpt.json)
                 fresh = not cfg.checkpointing
                 self.graphs = StepGraphs(self.device, cap=cfg.capture_cap, log=self.log, meter=self.meter,
                                          params=list(self.model.parameters()) if fresh else None,
@@ -706,7 +706,7 @@ class Trainer:
         ``pad`` (default: while cuDNN autotunes, on CUDA) fills a short last batch up to the eval
         batch size with copies of its first example, whose outputs are dropped: every eval batch of
         every split has one shape, so autotuning tunes eval once instead of once per split's
-        remainder (val 5,000 and test 10,000 at 1,024 gave three shapes; at 224 px each new shape
+        remainder (val 5,000 and test 10,000 at 1,024 give three shapes; at 224 px each new shape
         is tuned for seconds). Eval-mode outputs are per example, so the padding changes nothing."""
         was_training = self.model.training
         self.model.eval()
@@ -784,7 +784,7 @@ class Trainer:
         for cb, st in zip(self.callbacks, s["callbacks"]):
             cb.load_state_dict(st)
         # generator states are CPU byte tensors; load() maps the whole checkpoint to the device, and
-        # set_state refuses a CUDA tensor (a search resumed on the H200 failed every trial here)
+        # set_state refuses a CUDA tensor (every resumed trial on a GPU would fail here)
         torch.set_rng_state(s["rng"]["torch"].cpu())
         self.train_data.gen.set_state(s["rng"]["data"].cpu())
         if s["rng"].get("cuda") is not None and self.device.type == "cuda":

@@ -421,7 +421,7 @@ def runtime_env_for(refs: dict) -> dict | None:
 
 def use_runtime_env(env: dict | None) -> None:
     """This process imports what ``env`` ships (a resumed search started in another folder); code that
-    has gone since is one line naming it (Ray's upload failed with a traceback)."""
+    has gone since is one line naming it, not a traceback from Ray's upload."""
     for p in (env or {}).get("py_modules", []):
         if not os.path.exists(p):
             raise ConfigError(f"{p}: the search's own code (model.class_path / data.class_path) is gone from "

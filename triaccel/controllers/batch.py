@@ -8,8 +8,8 @@ keep it from oscillating or running into the wall:
 - an online least-squares fit peak ~ a + b * micro_batch predicts the peak of a bigger batch;
   the controller does not grow into a predicted peak above rho_high * MemMax;
 - the same fit bounds a shrink: the batch steps down by delta_down at most, and no further
-  than the largest size predicted to fit under rho_high (the fixed step overshot on the H200:
-  96 -> 32 where about 48 fitted, tripling the epoch time);
+  than the largest size predicted to fit under rho_high (a fixed step can overshoot: 96 -> 32
+  where about 48 fits, tripling the epoch time);
 - a micro-batch that ran out of memory is a ceiling the controller never grows back to;
 - ``cooldown`` windows after each change, so the next measurement sees the new size;
 - ``device_pressure`` (the whole device nearly full, from NVML, when trials share a GPU)
@@ -22,11 +22,11 @@ x peak memory, measured in short windows early in the run. From B0 it grows by
 tries smaller sizes instead; then it settles on the cheapest size measured and holds it for
 the rest of the run (leaving B0 only after measuring B0 a second time, each size keeping its
 lower cost; of sizes within ``explore_tol`` of the cheapest, the one nearest B0: a
-measured tie is noise, and moving off B0 for it cost EfficientNet-B0 at 224 px 1.6x the peak
-memory for 1 % less time per example on the H200). Exploring early matters: the score takes the run's peak memory over
-every epoch after the first, so a size tried late would cost for the whole run. The budget
+measured tie is noise, and moving off B0 for it costs EfficientNet-B0 at 224 px 1.6x the peak
+memory for 1 % less time per example on an H200). Exploring early matters: the score takes the
+run's peak memory over every epoch after the first, so a size tried late would cost for the whole run. The budget
 stays a cap (rho_high of it, with the same fit and OOM ceiling); delta_down is the step
-under it. On the H200, ResNet-18's step time is flat up to B~512 (the host issues the work)
+under it. On an H200, ResNet-18's step time is flat up to B~512 (the host issues the work)
 and then grows with B, so c(B) falls until about there and rises after it.
 
 Buckets (``batch_buckets``; by default whenever the step is captured or compiled): every size
@@ -137,7 +137,7 @@ class BatchController:
         self.ceiling: int | None = None  # smallest micro-batch that ran out of memory
         # smallest size whose window peaked over rho_high of the budget: never grown back to. The fit
         # sees only the last 20 windows; with buckets (steps of 1.33-1.5x) no size may land inside
-        # [rho_low, rho_high], and the rule grew into the forgotten size again every ~20 windows
+        # [rho_low, rho_high], and the rule would grow into the forgotten size again every ~20 windows
         self.over: int | None = None
         self.cool = 0
         self.obs: list[tuple[int, float]] = []  # (micro_batch, peak bytes)
@@ -301,8 +301,9 @@ class BatchController:
     def _finish(self, frac: float) -> BatchDecision:
         """Exploring is over: settle on the cheapest size, but leave the start only after measuring
         it a second time. Its first window is the run's first, the one most likely to carry
-        start-up costs; on the H200 a start point settled at B=160 instead of 96 in one seed of
-        two, and that seed scored 12 % lower (bench/results/h200_start_point_nockpt_vs_static.json)."""
+        start-up costs: measured once, a start point of B=96 can lose to B=160 on that window alone,
+        and such a seed scores 12 % lower
+        (bench/results/archive/export_vs_static/h200_start_point_nockpt_vs_static.json)."""
         best = self._cheapest()
         if best != self.start and self.start in self.costs and not self.rechecked:
             self.rechecked = self.rechecking = True
