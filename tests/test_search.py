@@ -259,8 +259,9 @@ def test_a_cpu_space_on_a_gpu_machine_asks_for_no_gpu(monkeypatch):
     res = lambda sp: runner._trainable(sp, 2, None)  # noqa: E731 -- what Tune asks Ray for, per trial
     from ray.tune.execution.placement_groups import PlacementGroupFactory
 
-    def asks(sp):
-        r = getattr(res(sp), "_resources", None) or {}
+    def asks(sp):  # a trainable class (search.trainable.trial_class) asks through default_resource_request
+        t = res(sp)
+        r = (t.default_resource_request({}) if isinstance(t, type) else getattr(t, "_resources", None)) or {}
         r = r.required_resources if isinstance(r, PlacementGroupFactory) else r
         return dict(r)
     assert "GPU" not in asks(cpu) and "gpu" not in asks(cpu)
