@@ -538,10 +538,11 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
     if not os.access(tune_root() / name, os.W_OK | os.X_OK):  # not pyarrow's traceback from Tune's restore
         raise ConfigError(f"{tune_root() / name}: cannot write there (a read-only disk or no permission): resume "
                           f"continues the search in that folder")
+    asked = confirm  # --confirm given now: a finished search runs its confirm step with it
     if confirm is None:  # as the search was started (a search stopped in its confirm runs resumes them)
         confirm = saved_option(state, "confirm")
     with driver_lock(name, tune_root() / name, "resume"):  # before anything is written or started
-        return _resume(name, state, address, confirm)
+        return _resume(name, state, address, confirm, asked)
 
 
 def saved_option(state: dict, key: str):
@@ -550,7 +551,7 @@ def saved_option(state: dict, key: str):
     return options.get(key) if isinstance(options, dict) else None
 
 
-def _resume(name: str, state: dict, address: str | None, confirm: int | None) -> dict:
+def _resume(name: str, state: dict, address: str | None, confirm: int | None, asked: int | None = None) -> dict:
     check_address(address or state.get("address"))
     space = parse_space(state["space"], source=state["source"], sha256=state["sha256"])
     from triaccel.userdef import check_user_code, use_runtime_env
@@ -567,6 +568,11 @@ def _resume(name: str, state: dict, address: str | None, confirm: int | None) ->
         raise ConfigError(f"search '{name}': its MLflow store {sqlite_path(uri)} is gone (moved or deleted): "
                           f"put it back to resume the search")
     if search_finished(name, uri):  # its parent run closed FINISHED: only `finish` does that
+        if asked:  # `resume NAME --confirm K`: the trials are done, the confirm step runs with K
+            print(f"triaccel resume '{name}': the search has finished; its trials are not re-run, "
+                  f"the confirm step runs with --confirm {asked}", flush=True)
+            with interruptible(name, uri):
+                return finish(name, space, uri, asked)
         print(f"triaccel resume '{name}': the search has finished; nothing was left to run (export it: "
               f"triaccel export {name} --out tuned.yaml)", flush=True)
         return {"finished_already": True}
