@@ -123,6 +123,38 @@ def test_oom_with_elastic_batch_trains_every_sample_once(mode):
 
 
 @pytest.mark.parametrize("mode", ["paper", "constant"])
+def test_after_an_injected_oom_no_later_step_climbs_back_to_the_failed_size(mode):
+    """An injected memory wall at 40 examples, B0 = 96, two epochs, memory readings far under rho_low
+    (the rule wants to grow all along): 96 fails, its retry at 48 fails, 24 runs; from then on the
+    sizes stay at or below 0.75 * 48 = 36, so there is no third OOM. (Stepping back to the failed size
+    minus one ran 47, 46, ..., 41: an OOM each.) Every example trains once an epoch."""
+    from triaccel.controllers.batch import oom_limit
+
+    budget, calls = 40, []
+
+    def probe(micro):
+        calls.append((t.oom_events, micro))
+        if micro > budget:
+            raise torch.OutOfMemoryError(f"fake {micro}")
+
+    t, loop = tri_trainer(oom_probe=probe, **{"epochs": 2, "batch_size": 96, "triaccel.batch.mode": mode,
+                                               "triaccel.batch.budget_gb": 1.0, "triaccel.batch.delta_up": 16})
+    seen = []
+    real = t.train_data.batch
+    t.train_data.batch = lambda idx, train: (train and seen.append(idx.clone()), real(idx, train))[1]
+    t.fit()
+    assert sorted(torch.cat(seen).tolist()) == sorted(list(range(len(t.train_data))) * 2)
+    assert t.oom_events == 2 and loop.batch.ceiling == 48 and loop.batch.limit == oom_limit(48) == 36
+    assert max(m for k, m in calls if k == 1) <= 48  # after the OOM at 96: its retry's split and below
+    after = [m for k, m in calls if k == 2]
+    assert len(after) > 10 and max(after) <= 36  # after the OOM at 48: never back above the limit
+    if mode == "paper":
+        assert t.batch_size <= 36
+    else:
+        assert t.batch_size == 96
+
+
+@pytest.mark.parametrize("mode", ["paper", "constant"])
 def test_bucket_moves_and_an_oom_split_train_every_sample_once(mode):
     """With the step captured (eager on a CPU, the buckets are the same) the elastic batch and the
     out-of-memory split move between buckets only; every example is trained exactly once an epoch."""
