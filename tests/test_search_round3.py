@@ -347,14 +347,16 @@ def test_only_a_signal_that_reached_tune_makes_a_search_with_trials_left_interru
     assert runner.tune_saw_a_signal(signal.default_int_handler) is None
 
 
-def _trial_workers(sid: int) -> list[int]:
-    """The pids of the trial actors (process title ray::<trainable>...) in the session ``sid``."""
+def _training_workers(sid: int) -> list[int]:
+    """The pids of trial actors training now in the session ``sid``: process title ray::<trainable>.train
+    (Tune's with_resources names the trainable ResourceTrainable; an actor done training is titled
+    ray::SearchTrial, an idle worker ray::IDLE)."""
     out = subprocess.run(["ps", "-eo", "pid,sid,args"], capture_output=True, text=True).stdout
     pids = []
     for ln in out.splitlines()[1:]:
         pid, s, args = ln.split(None, 2)
-        if int(s) == sid and args.startswith("ray::") and ("run_trial" in args or "SearchTrial" in args
-                                                           or "ImplicitFunc" in args):
+        if int(s) == sid and args.startswith("ray::") and ".train" in args and (
+                "ResourceTrainable" in args or "SearchTrial" in args):
             pids.append(int(pid))
     return pids
 
@@ -364,7 +366,7 @@ def test_a_killed_trial_worker_is_a_failed_trial_and_the_search_finishes(tmp_pat
     """kill -9 of one trial's worker mid-search: that trial is FAILED in MLflow, the others run, the
     search finishes (exit 0, parent FINISHED); nobody stopped it, so it is never 'interrupted' (130)."""
     space = dict(SPACE, trials=3, concurrency=1)
-    space["train"] = dict(SPACE["train"], epochs=4)
+    space["train"] = dict(SPACE["train"], epochs=6)  # a trial trains for seconds: time to find and kill it
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "k"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
@@ -373,7 +375,7 @@ def test_a_killed_trial_worker_is_a_failed_trial_and_the_search_finishes(tmp_pat
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None and not killed:
-            workers = _trial_workers(proc.pid)
+            workers = _training_workers(proc.pid)
             if workers and any(f.stat().st_size for f in (tmp_path / "mlruns" / "tune" / "k").glob("*/result.json")):
                 os.kill(workers[0], signal.SIGKILL)
                 killed.append(workers[0])
