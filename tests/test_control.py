@@ -518,4 +518,4 @@ def test_a_real_cuda_oom_settles_below_the_failed_size_and_loses_no_example():
     for k in range(1, len(failed) + 1):
         after = [m for j, m in calls if j == k]
         assert after and max(after) <= oom_limit(min(failed[:k])) < min(failed[:k]), (failed, k, max(after))
-    assert loop.batch.limit == oom_limit(min(failed)) and t.micro_batch <= loop.batch.limit
+    assert loop.batch.limit == oom_limit(min(failed), loop.batch.buckets) and t.micro_batch <= loop.batch.limit
