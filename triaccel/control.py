@@ -215,6 +215,7 @@ class TriAccelLoop(Callback):
         modes: the trainer's own split is what runs only without a batch controller."""
         if self.batch is not None:
             self.batch.on_oom(micro_batch)
+            self.log(f"[batch] out of memory at {micro_batch}: no size above {self.batch.limit} from now on")
             d = Decisions(micro_batch=self.batch.micro)
             if self.cfg.batch.mode == "paper":
                 d = d.merged(Decisions(batch_size=self.batch.batch,
