@@ -99,14 +99,14 @@ def extend_search(name: str, trials: int, address: str | None = None, confirm: i
         _init_ray(address or state.get("address"), runtime_env=state.get("runtime_env"))
         quiet_tune_failures()
         searcher = _searcher(more, seeds)
-        with own_signals(), phases.timed(uri, name, "trials"):
+        with own_signals() as watch, phases.timed(uri, name, "trials"):
             _tuner(more, name, uri, state["shared"], ref_curve, searcher=searcher, tune_dir=tune_dir).fit()
         seen = searcher.searcher.seen_before_first
         parent = next(iter(c.search_runs([exp], filter_string=f"tags.`triaccel.search` = '{name}' and "
                                                              f"tags.`triaccel.role` = 'parent'", max_results=1)))
         if seen is not None:
             log_metrics(c, parent.info.run_id, {"extend_seen_trials": seen}, step=int(tune_dir.name.split("-")[1]))
-        left = _left(tune_dir, trials)
+        left = 0 if watch.stopped is False else _left(tune_dir, trials)  # as check_finished: no signal, none left
         if left:
             raise Interrupted(f"{left} of the {trials} added trials left; `triaccel extend {name}` adds more")
         return finish(name, space, uri, default_confirm(confirm, state["shared"], on_gpu(space)))

@@ -443,9 +443,9 @@ def _claim_and_run(name: str, space: SearchSpace, uri: str, path: Path, made: bo
             ref_curve = run_baselines(name, space, uri, shared, fresh=fresh_baselines)
         _init_ray(address, runtime_env=runtime_env)
         quiet_tune_failures()
-        with own_signals(), phases.timed(uri, name, "trials"):
+        with own_signals() as watch, phases.timed(uri, name, "trials"):
             _tuner(space, name, uri, shared, ref_curve).fit()
-        check_finished(name, space.trials)
+        check_finished(name, space.trials, watch.stopped)
         return finish(name, space, uri, default_confirm(confirm, shared, on_gpu(space)))
 
 
@@ -592,9 +592,9 @@ def _resume(name: str, state: dict, address: str | None, confirm: int | None, as
         else:  # stopped before Tune saved its first state (in the baselines or Tune's start-up): trials start now
             close_orphan_trials(name, uri)
             tuner = _tuner(space, name, uri, state["shared"], ref_curve)
-        with own_signals(), phases.timed(uri, name, "trials"):
+        with own_signals() as watch, phases.timed(uri, name, "trials"):
             tuner.fit()
-        check_finished(name, space.trials)
+        check_finished(name, space.trials, watch.stopped)
         return finish(name, space, uri, default_confirm(confirm, state["shared"], on_gpu(space)))
 
 
@@ -665,9 +665,17 @@ def left_to_run(name: str, planned: int) -> int:
     return max(0, planned - sum(t.status in ("TERMINATED", "ERROR") for t in ExperimentAnalysis(str(path)).trials))
 
 
-def check_finished(name: str, planned: int) -> None:
+def check_finished(name: str, planned: int, stopped: bool | None = None) -> None:
     """Tune meets Ctrl-C (SIGINT) by stopping the trials, saving its state and returning as if the
-    search had finished: the saved state tells the two apart."""
+    search had finished. Its loop ends without an error in two ways only: every trial ended (an
+    errored one included: a trial whose worker died is ERROR), or a stop signal reached its handler.
+    ``stopped`` (from ``own_signals``) says which: False, no signal reached Tune, so the search
+    finished, whatever its saved state says (that state can lag behind Tune: the last snapshot's
+    failure is only logged, and a trial still RUNNING there read as a trial left, exit 130). True
+    or None (not known): the saved state counts the trials left, as Tune's memory cannot (its
+    clean-up marks the trials it stopped TERMINATED)."""
+    if stopped is False:
+        return
     left = left_to_run(name, planned)
     if left:
         raise Interrupted(f"{left} of {planned} trials left")
@@ -710,23 +718,38 @@ def server_gone(e: BaseException, uri: str) -> str | None:
     return None
 
 
+def tune_saw_a_signal(handler) -> bool | None:
+    """Whether a stop signal reached Tune's fit(), from the SIGINT handler in place as fit() returns:
+    Tune's own (``_setup_signal_catching``) is still there unless a SIGINT or SIGUSR1 reached it (it puts
+    the previous handler back then). None where Tune installs none (TUNE_DISABLE_SIGINT_HANDLER)."""
+    if os.environ.get("TUNE_DISABLE_SIGINT_HANDLER", "0") not in ("", "0"):
+        return None
+    return "signal_interrupt_tune_run" not in getattr(handler, "__qualname__", "")
+
+
 @contextlib.contextmanager
 def own_signals():
     """Around Tune's fit(): afterwards Ctrl-C and SIGTERM act as they did before it. Tune installs its own SIGINT
     handler for fit() and leaves it in place when fit() returns normally (ray/tune/tune.py,
     _setup_signal_catching), so a Ctrl-C or SIGTERM during the confirm runs would only set an event nobody
     reads: the search would run on, print its summary, close its parent run FINISHED and exit 0. The SIGINT
-    handler from before fit() is put back (a caller's own, or SIG_IGN in a background job, stays theirs)."""
+    handler from before fit() is put back (a caller's own, or SIG_IGN in a background job, stays theirs).
+    Yields a namespace whose ``stopped`` says afterwards whether a stop signal reached Tune
+    (``tune_saw_a_signal``; None where that is not known, as off the main thread)."""
     import signal
     import threading
+    from types import SimpleNamespace
 
     from triaccel.errors import stop_on_sigterm
 
     main = threading.current_thread() is threading.main_thread()
     before = signal.getsignal(signal.SIGINT) if main else None
+    watch = SimpleNamespace(stopped=None)
     try:
-        yield
+        yield watch
     finally:
+        if main:
+            watch.stopped = tune_saw_a_signal(signal.getsignal(signal.SIGINT))
         if main and before is not None:
             signal.signal(signal.SIGINT, before)
             stop_on_sigterm()

@@ -123,6 +123,38 @@ def test_oom_with_elastic_batch_trains_every_sample_once(mode):
 
 
 @pytest.mark.parametrize("mode", ["paper", "constant"])
+def test_after_an_injected_oom_no_later_step_climbs_back_to_the_failed_size(mode):
+    """An injected memory wall at 40 examples, B0 = 96, two epochs, memory readings far under rho_low
+    (the rule wants to grow all along): 96 fails, its retry at 48 fails, 24 runs; from then on the
+    sizes stay at or below 0.75 * 48 = 36, so there is no third OOM. (Stepping back to the failed size
+    minus one ran 47, 46, ..., 41: an OOM each.) Every example trains once an epoch."""
+    from triaccel.controllers.batch import oom_limit
+
+    budget, calls = 40, []
+
+    def probe(micro):
+        calls.append((t.oom_events, micro))
+        if micro > budget:
+            raise torch.OutOfMemoryError(f"fake {micro}")
+
+    t, loop = tri_trainer(oom_probe=probe, **{"epochs": 2, "batch_size": 96, "triaccel.batch.mode": mode,
+                                               "triaccel.batch.budget_gb": 1.0, "triaccel.batch.delta_up": 16})
+    seen = []
+    real = t.train_data.batch
+    t.train_data.batch = lambda idx, train: (train and seen.append(idx.clone()), real(idx, train))[1]
+    t.fit()
+    assert sorted(torch.cat(seen).tolist()) == sorted(list(range(len(t.train_data))) * 2)
+    assert t.oom_events == 2 and loop.batch.ceiling == 48 and loop.batch.limit == oom_limit(48) == 36
+    assert max(m for k, m in calls if k == 1) <= 48  # after the OOM at 96: its retry's split and below
+    after = [m for k, m in calls if k == 2]
+    assert len(after) > 10 and max(after) <= 36  # after the OOM at 48: never back above the limit
+    if mode == "paper":
+        assert t.batch_size <= 36
+    else:
+        assert t.batch_size == 96
+
+
+@pytest.mark.parametrize("mode", ["paper", "constant"])
 def test_bucket_moves_and_an_oom_split_train_every_sample_once(mode):
     """With the step captured (eager on a CPU, the buckets are the same) the elastic batch and the
     out-of-memory split move between buckets only; every example is trained exactly once an epoch."""
@@ -447,3 +479,43 @@ def test_curvature_promotion_compares_tau_curv_with_the_lr_rules_quantity(rule):
     loop._control_window(t, 4)
     promoted = [e > b for e, b in zip(loop.prec.effective, loop.prec.base)]
     assert promoted == ([True] * loop.L if rule == "paper" else [True] + [False] * (loop.L - 1)), promoted
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a real CUDA out-of-memory error")
+def test_a_real_cuda_oom_settles_below_the_failed_size_and_loses_no_example():
+    """The H200 case in small: under torch.cuda.set_per_process_memory_fraction (memory_limit_fraction)
+    of 1.5 GiB, the first step of 1,024 digits at 64 px (about 6 MiB of activations an example) really
+    runs out of memory. The run finishes, trains every example once an epoch, and after each OOM no
+    micro-batch goes above OOM_MARGIN of the smallest size that failed."""
+    from triaccel.controllers.batch import oom_limit
+    from triaccel.trainer import Callback
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    frac = 1.5 * 2**30 / total
+    failed, calls = [], []
+
+    class Failures(Callback):
+        def on_oom(self, tr, micro_batch):
+            failed.append(micro_batch)
+
+    cfg = small_cfg(**{"mode": "triaccel", "device": "cuda", "epochs": 2, "batch_size": 1024,
+                       "eval_batch_size": 64, "data.image_size": 64, "model.width": 32,
+                       "memory_limit_fraction": frac, "triaccel.batch.max_batch": 4096})
+    loop = TriAccelLoop(cfg.triaccel, log=lambda *a: None)
+    torch.cuda.empty_cache()
+    try:
+        t = Trainer(cfg, callbacks=[loop, Failures()], log=lambda *a: None,
+                    oom_probe=lambda micro: calls.append((len(failed), micro))).setup()
+        seen = []
+        real = t.train_data.batch
+        t.train_data.batch = lambda idx, train: (train and seen.append(idx.clone()), real(idx, train))[1]
+        t.fit()
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)  # the limit is per process: the next tests run without it
+        torch.cuda.empty_cache()
+    assert failed and failed[0] == 1024 and t.oom_events == len(failed)
+    assert sorted(torch.cat(seen).tolist()) == sorted(list(range(len(t.train_data))) * 2)
+    for k in range(1, len(failed) + 1):
+        after = [m for j, m in calls if j == k]
+        assert after and max(after) <= oom_limit(min(failed[:k])) < min(failed[:k]), (failed, k, max(after))
+    assert loop.batch.limit == oom_limit(min(failed), loop.batch.buckets) and t.micro_batch <= loop.batch.limit

@@ -117,10 +117,65 @@ def test_batch_predicts_and_does_not_grow_into_the_wall():
 def test_oom_ceiling_is_never_regrown():
     c = BatchController(bc(delta_up=64), 128, 128, 1 * GiB)
     c.on_oom(128)
-    assert c.micro == 64 and c.batch == 127
+    # the failed window retries at half; the batch steps to OOM_MARGIN of the failed size, not to 127
+    assert c.micro == 64 and c.batch == 96 == c.limit
     for _ in range(5):
-        d = c.update(0.1 * GiB)
-    assert d.micro_batch < 128
+        d = c.update(0.1 * GiB)  # far under rho_low: the rule would grow
+        assert d.batch <= 96 and d.micro_batch <= 96
+
+
+def _oom_sequence(c, readings):
+    """Drive ``c`` with window peaks (fractions of a 1 GiB budget) and OOMs ("oom": the current
+    micro-batch ran out of memory); every size decided after each OOM, with the limit at that point."""
+    after = []
+    for r in readings:
+        if r == "oom":
+            c.on_oom(c.micro)
+            after.append((c.ceiling, c.batch, c.micro))
+        else:
+            d = c.update(r * GiB, seconds=1e-4 * c.elastic, examples=c.elastic)
+            if c.ceiling is not None:
+                after.append((c.ceiling, d.batch, d.micro_batch))
+    return after
+
+
+@pytest.mark.parametrize("kw,buckets", [
+    (dict(policy="paper"), None),
+    (dict(policy="paper"), "ladder"),
+    (dict(policy="score", max_batch=4096), None),
+    (dict(policy="score", max_batch=4096), "ladder"),
+    (dict(policy="paper", mode="constant"), None),
+    (dict(policy="score", mode="constant", max_batch=4096), "ladder"),
+])
+def test_after_an_oom_no_size_reaches_the_failed_one_or_climbs_back(kw, buckets):
+    """The H200 run: B=4096 ran out of memory at 4096, then (after growing back) at 892, settled at 891
+    and ran out of memory there twice more. Every size after an OOM at F stays at or below
+    OOM_MARGIN * F, whatever the memory readings say afterwards (here: far under rho_low)."""
+    from triaccel.controllers.batch import OOM_MARGIN, Buckets, bucket_ladder
+
+    bk = Buckets(bucket_ladder(4096)) if buckets else None
+    b0 = 4096 if kw.get("mode") != "constant" else 1024
+    c = BatchController(bc(**kw), b0, b0 if kw.get("mode") != "constant" else 1024, 1 * GiB, buckets=bk)
+    low = [0.1] * 30
+    after = _oom_sequence(c, ["oom", "oom", "oom"] + low + ["oom"] + low)
+    assert len(after) > 60
+    for ceiling, batch, micro in after:
+        assert micro <= int(OOM_MARGIN * ceiling) or micro <= ceiling // 2  # the retry's split, or under the limit
+        if kw.get("mode") != "constant":
+            assert batch <= int(OOM_MARGIN * ceiling), (ceiling, batch)
+    assert max(m for _, _, m in after[-30:]) <= c.limit < c.ceiling  # after the last OOM: never back up
+
+
+def test_oom_limit_survives_a_resume():
+    """The limit is in the controller's state: a resumed run does not grow back into the failed size."""
+    c = BatchController(bc(delta_up=64, max_batch=4096), 892, 892, 1 * GiB)
+    c.on_oom(892)
+    assert c.batch == 669 == c.limit  # 0.75 * 892, not 891
+    r = BatchController(bc(delta_up=64, max_batch=4096), 4096, 4096, 1 * GiB)
+    r.load_state_dict(c.state_dict())
+    assert r.limit == 669
+    sizes = [r.update(0.1 * GiB).batch for _ in range(20)]
+    assert max(sizes) <= 669 and r.micro_cap(4096) <= 669
 
 
 def test_constant_mode_keeps_batch_and_moves_micro_batch():

@@ -311,3 +311,83 @@ def test_a_static_export_and_the_summary_columns_read_plainly():
     assert headers(["triaccel.batch.grow_factor", "optim.lr"]) == ["grow_factor", "lr"]
     assert headers(["triaccel.batch.rho_high", "triaccel.precision.rho_high"]) == ["batch.rho_high",
                                                                                    "precision.rho_high"]
+
+
+def test_only_a_signal_that_reached_tune_makes_a_search_with_trials_left_interrupted(monkeypatch):
+    """Tune's fit() returns normally in two cases: every trial ended (an ERROR one included: a lost
+    worker), or SIGINT/SIGUSR1 reached its handler. Its saved state can lag behind (a trial still RUNNING
+    there); that state decides only where a signal came. Tune's real handler, a real SIGINT."""
+    from ray.tune.tune import _setup_signal_catching
+
+    from triaccel.errors import Interrupted
+    from triaccel.search import runner
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        with runner.own_signals() as quiet:
+            _setup_signal_catching()  # what fit() does first; it returns with the handler in place
+        with runner.own_signals() as stopped:
+            _setup_signal_catching()
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C during fit(): Tune's handler takes it
+            time.sleep(0.05)
+        after = signal.getsignal(signal.SIGINT)
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+    assert quiet.stopped is False and stopped.stopped is True
+    assert after is saved[signal.SIGINT]  # own_signals put the handler from before fit() back
+
+    monkeypatch.setattr(runner, "left_to_run", lambda name, planned: 1)  # the saved state lags: one trial RUNNING
+    runner.check_finished("s", 3, stopped=False)  # no signal: Tune's loop ended because every trial had
+    with pytest.raises(Interrupted, match="1 of 3 trials left"):
+        runner.check_finished("s", 3, stopped=True)
+    with pytest.raises(Interrupted):  # not known (TUNE_DISABLE_SIGINT_HANDLER): the saved state decides
+        runner.check_finished("s", 3, stopped=None)
+    monkeypatch.setenv("TUNE_DISABLE_SIGINT_HANDLER", "1")
+    assert runner.tune_saw_a_signal(signal.default_int_handler) is None
+
+
+def _training_workers(sid: int) -> list[int]:
+    """The pids of trial actors training now in the session ``sid``: process title ray::<trainable>.train
+    (Tune's with_resources names the trainable ResourceTrainable; an actor done training is titled
+    ray::SearchTrial, an idle worker ray::IDLE)."""
+    out = subprocess.run(["ps", "-eo", "pid,sid,args"], capture_output=True, text=True).stdout
+    pids = []
+    for ln in out.splitlines()[1:]:
+        pid, s, args = ln.split(None, 2)
+        if int(s) == sid and args.startswith("ray::") and ".train" in args and (
+                "ResourceTrainable" in args or "SearchTrial" in args):
+            pids.append(int(pid))
+    return pids
+
+
+@pytest.mark.slow
+def test_a_killed_trial_worker_is_a_failed_trial_and_the_search_finishes(tmp_path):
+    """kill -9 of one trial's worker mid-search: that trial is FAILED in MLflow, the others run, the
+    search finishes (exit 0, parent FINISHED); nobody stopped it, so it is never 'interrupted' (130)."""
+    space = dict(SPACE, trials=3, concurrency=1)
+    space["train"] = dict(SPACE["train"], epochs=6)  # a trial trains for seconds: time to find and kill it
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "k"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                            start_new_session=True)
+    killed = []
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None and not killed:
+            workers = _training_workers(proc.pid)
+            if workers and any(f.stat().st_size for f in (tmp_path / "mlruns" / "tune" / "k").glob("*/result.json")):
+                os.kill(workers[0], signal.SIGKILL)
+                killed.append(workers[0])
+            time.sleep(0.2)
+        assert killed, "no trial worker was found while the search ran"
+        out, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out[-2000:] + err[-3000:]
+    assert "interrupted" not in err
+    _, trials = runs(tmp_path, "k", role="trial")
+    assert sorted(t.info.status for t in trials) == ["FAILED", "FINISHED", "FINISHED"], [t.info.status for t in trials]
+    _, parents = runs(tmp_path, "k", role="parent")
+    assert [p.info.status for p in parents] == ["FINISHED"]

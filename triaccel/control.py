@@ -211,11 +211,16 @@ class TriAccelLoop(Callback):
         return self._take()
 
     def on_oom(self, tr, micro_batch) -> Decisions | None:
+        """The controller decides the retry's micro-batch and the sizes after it (its OOM limit), in both
+        modes: the trainer's own split is what runs only without a batch controller."""
         if self.batch is not None:
             self.batch.on_oom(micro_batch)
+            self.log(f"[batch] out of memory at {micro_batch}: no size above {self.batch.limit} from now on")
+            d = Decisions(micro_batch=self.batch.micro)
             if self.cfg.batch.mode == "paper":
-                return Decisions(batch_size=self.batch.batch, batch_lr_factor=self.batch.lr_factor(self.initial_batch))
-            return Decisions(micro_batch=self.batch.micro)  # constant mode: the controller's split (its buckets)
+                d = d.merged(Decisions(batch_size=self.batch.batch,
+                                       batch_lr_factor=self.batch.lr_factor(self.initial_batch)))
+            return d
         return None
 
     # ------------------------------------------------------------------ curvature

@@ -691,6 +691,8 @@ class Trainer:
         failed = self.micro_batch
         if failed <= 1:
             raise OutOfMemoryBeyondRecovery(f"out of memory with a micro-batch of 1 at step {self.step_count}")
+        # split_size is the one rule for the retry; a batch controller (the Tri-Accel loop's on_oom) decides
+        # it itself, with the same function, and caps every later size (BatchController.limit)
         self.apply(Decisions(micro_batch=split_size(failed, self.buckets, self.batch_size)))
         self.oom_events += 1
         self.log(f"[memory] out of memory at micro-batch {failed}: retrying the same examples in "

@@ -10,7 +10,9 @@ keep it from oscillating or running into the wall:
 - the same fit bounds a shrink: the batch steps down by delta_down at most, and no further
   than the largest size predicted to fit under rho_high (a fixed step can overshoot: 96 -> 32
   where about 48 fits, tripling the epoch time);
-- a micro-batch that ran out of memory is a ceiling the controller never grows back to;
+- a micro-batch that ran out of memory sets a limit for the rest of the run (``oom_limit``:
+  OOM_MARGIN of the failed size, a bucket with buckets): no later size goes above it, and it is
+  saved with the controller's state, so a resumed run keeps it;
 - ``cooldown`` windows after each change, so the next measurement sees the new size;
 - ``device_pressure`` (the whole device nearly full, from NVML, when trials share a GPU)
   blocks growth.
@@ -113,10 +115,28 @@ class BatchDecision:
     usage_frac: float  # window peak / budget
 
 
+# After an out-of-memory error at F examples no later size goes above OOM_MARGIN * F. A size just
+# under F is no safe size: the allocator's fragmentation and the cuDNN workspaces vary between steps,
+# and on the H200 (ResNet-18 under memory_limit_fraction 0.012) a run that stepped back to F - 1
+# after an OOM at 892 ran out of memory twice more there, each recovery a freed cache and a re-run
+# window (its second epoch took 14x the time of AMP's plain halving). 0.75 is one step of the bucket
+# ladder (steps of 1.33x and 1.5x). The limit never rises again: memory headroom that would justify
+# it is never proven without running into the wall once more.
+OOM_MARGIN = 0.75
+
+
+def oom_limit(failed: int, buckets: "Buckets | None" = None) -> int:
+    """The largest size allowed after a micro-batch of ``failed`` examples ran out of memory:
+    OOM_MARGIN of it rounded down (to the largest bucket at or below that, with buckets), at least 1."""
+    top = max(1, int(failed * OOM_MARGIN))
+    return top if buckets is None else buckets.down(top)
+
+
 def split_size(failed: int, buckets: Buckets | None = None, batch: int | None = None) -> int:
     """The micro-batch after one of ``failed`` examples ran out of memory: half of it, or with buckets
-    the largest bucket at or below half (that splits ``batch`` into buckets, when given). The trainer
-    and the controller both use this."""
+    the largest bucket at or below half (that splits ``batch`` into buckets, when given). The one rule
+    for the retry of the failed window: the trainer uses it where no callback decides (no batch
+    controller), the controller's ``on_oom`` otherwise."""
     half = max(1, failed // 2)
     if buckets is None:
         return half
@@ -134,7 +154,7 @@ class BatchController:
         self.buckets = buckets
         self.batch, self.micro = batch, micro_batch
         self.budget = float(budget_bytes)
-        self.ceiling: int | None = None  # smallest micro-batch that ran out of memory
+        self.ceiling: int | None = None  # smallest micro-batch that ran out of memory (``limit``: what may run)
         # smallest size whose window peaked over rho_high of the budget: never grown back to. The fit
         # sees only the last 20 windows; with buckets (steps of 1.33-1.5x) no size may land inside
         # [rho_low, rho_high], and the rule would grow into the forgotten size again every ~20 windows
@@ -150,6 +170,11 @@ class BatchController:
         self.rechecking = False  # the window being measured is that second look
         if self.exploring:
             self.cool = cfg.cooldown  # the first window holds the run's start-up (allocator, kernels)
+
+    @property
+    def limit(self) -> int | None:
+        """The largest size allowed after the run's out-of-memory errors (None: none happened)."""
+        return None if self.ceiling is None else oom_limit(self.ceiling, self.buckets)
 
     @property
     def elastic(self) -> int:
@@ -201,8 +226,8 @@ class BatchController:
             grown = self._up(size + c.delta_up, top)
             if device_pressure:
                 return self._decide(size, "pressure", frac)
-            if self.ceiling is not None and grown >= self.ceiling:
-                grown = self._down(self.ceiling - 1)
+            if self.limit is not None and grown > self.limit:
+                grown = self.limit
                 if grown <= size:
                     return self._decide(size, "ceiling", frac)
             if self.over is not None and grown >= self.over:
@@ -284,7 +309,7 @@ class BatchController:
     def _step(self, size: int, frac: float) -> BatchDecision:
         c = self.cfg
         nxt = self._ladder(size, self.direction)
-        lo, hi = c.min_batch, c.max_batch if self.ceiling is None else min(c.max_batch, self.ceiling - 1)
+        lo, hi = c.min_batch, c.max_batch if self.limit is None else min(c.max_batch, self.limit)
         if self.over is not None:
             hi = min(hi, self.over - 1)
         if c.mode == "constant":
@@ -329,9 +354,12 @@ class BatchController:
         return self._decide(size, "settle", frac)
 
     def micro_cap(self, batch: int) -> int:
-        if self.ceiling is None or batch < self.ceiling:
+        """The micro-batch for ``batch``: the batch itself up to the OOM limit, else the largest size within
+        the limit (that splits it into buckets, with buckets)."""
+        limit = self.limit
+        if limit is None or batch <= limit:
             return batch
-        return self.ceiling - 1 if self.buckets is None else self.buckets.micro_for(batch, self.ceiling - 1)
+        return limit if self.buckets is None else self.buckets.micro_for(batch, limit)
 
     def _decide(self, size: int, action: str, frac: float) -> BatchDecision:
         if self.cfg.mode == "paper":
@@ -346,13 +374,15 @@ class BatchController:
         return BatchDecision(self.batch, max(1, self.micro), action, frac)
 
     def on_oom(self, micro_batch: int) -> None:
-        """A micro-batch of this size ran out of memory: never grow back to it."""
+        """A micro-batch of this size ran out of memory: the failed window is retried in micro-batches of
+        ``split_size``, and from now on no size goes above ``limit`` (OOM_MARGIN of the smallest failed size)."""
         self.ceiling = micro_batch if self.ceiling is None else min(self.ceiling, micro_batch)
-        self.micro = split_size(micro_batch, self.buckets, self.batch)
-        # sizes from the ceiling up are out: neither a recheck nor the settled size may go back there
-        self.costs = {k: v for k, v in self.costs.items() if k < self.ceiling}
+        limit = self.limit
+        self.micro = min(limit, split_size(micro_batch, self.buckets, self.batch))
+        # sizes above the limit are out: neither a recheck nor the settled size may go back there
+        self.costs = {k: v for k, v in self.costs.items() if k <= limit}
         if self.cfg.mode == "paper":
-            self.batch = max(self.cfg.min_batch, self.batch if self.batch < self.ceiling else self._down(self.ceiling - 1))
+            self.batch = max(self.cfg.min_batch, min(self.batch, limit))  # min_batch above it: micro_cap splits it
         self.cool = self.cfg.cooldown
 
     def lr_factor(self, initial_batch: int) -> float:
