@@ -628,7 +628,7 @@ def test_export_from_a_read_only_store(tmp_path):
         assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
         assert yaml.safe_load((tmp_path / "tuned.yaml").read_text())["provenance"]["search"] == "x"
         r = cli("searches", cwd=tmp_path)
-        assert r.returncode == 0 and " 1/1 " in r.stdout and "cannot" not in r.stdout, r.stdout
+        assert r.returncode == 0 and " finished " in r.stdout and "cannot" not in r.stdout, r.stdout
         r = cli("resume", "x", cwd=tmp_path)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
         assert r.stderr.strip().splitlines() == [
@@ -659,9 +659,14 @@ def test_ctrl_c_wrapped_by_a_library_is_still_a_stopped_search(tmp_path):
                 raise RuntimeError("(sqlite3.OperationalError) interrupted") from e
     assert c.get_run(run).info.status == "KILLED"
     assert c.get_run(other).info.status == "RUNNING"
-    with pytest.raises(RuntimeError, match="not an interrupt"):  # any other error passes through
+    run = c.create_run(exp, tags={TAG_SEARCH: "w"}).info.run_id
+    from triaccel.errors import TriAccelError
+
+    # any other error is a failed search, not a stop: one line naming the cause and `resume`, its runs KILLED
+    with pytest.raises(TriAccelError, match=r"search 'w' stopped: not an interrupt; `triaccel resume w`") as e:
         with runner.interruptible("w", uri):
             raise RuntimeError("not an interrupt")
+    assert not isinstance(e.value, Interrupted) and c.get_run(run).info.status == "KILLED"
 
 
 def test_a_full_disk_met_while_stopping_is_said_as_full(tmp_path):
