@@ -102,8 +102,8 @@ def _phases(t: Trainer, x, y, repeats: int) -> dict:
             torch.cuda.reset_peak_memory_stats(t.device)
         mark()
         with t.meter.track_forward(), t.autocast():
-            out = (t.compiled or t.model)(x).float()  # the training forward (compile); [B, T, V] for an LM
-            loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+            logits = (t.compiled or t.model)(x).float()  # the training forward (compile); [B, T, V] for an LM
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         sync(t.device)
         mark()
         peak("forward")
