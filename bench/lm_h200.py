@@ -18,7 +18,6 @@ the control loop logs every window.
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import signal
 import statistics
@@ -31,7 +30,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write  # noqa: E402
-from search_vs_static import train, warm_run  # noqa: E402
+from search_vs_static import fit_alone, warm_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RANK = {"fp16": 0, "bf16": 1, "fp32": 2}
@@ -153,25 +152,15 @@ def promotions(rows: list[list[str]], names: list[str], initial: str) -> dict:
 def run(d: dict, seed: int) -> dict:
     """One training run alone, as search_vs_static trains (tracking off, no test set), plus the precision
     trajectory's promotions when it is a Tri-Accel run."""
-    from triaccel.config import TrainConfig, from_dict
-    from triaccel.control import build_trainer
-
-    d = copy.deepcopy(d)
-    d.update(seed=seed, evaluate_test=False)
-    d["tracking"] = {"enabled": False}
-    d.pop("provenance", None)
-    cfg = from_dict(TrainConfig, d)
-    t0 = time.perf_counter()
-    t = build_trainer(cfg, log=lambda *a: None, loop_log=print)
-    s = t.fit()
+    t, s, wall = fit_alone(d, seed)
     eps = t.history.epochs
     out = {k: s[k] for k in ("val_acc", "epoch_time_last5_s", "peak_mem_gib", "efficiency")}
-    out.update(wall_s=time.perf_counter() - t0, val_loss=eps[-1]["val_loss"], val_ppl=eps[-1].get("val_ppl"),
+    out.update(wall_s=wall, val_loss=eps[-1]["val_loss"], val_ppl=eps[-1].get("val_ppl"),
                epoch_times=[e["epoch_time_s"] for e in eps], batch_per_epoch=[e["batch_size"] for e in eps],
                skipped_steps=t.skipped_steps, compile_s=eps[-1].get("compile_s"))
     if t.loop is not None:
         rows = [r["levels"] for r in t.loop.trajectory if "levels" in r]
-        out["precision"] = promotions(rows, t.loop.names, cfg.amp_dtype)
+        out["precision"] = promotions(rows, t.loop.names, t.cfg.amp_dtype)
         out["precision"]["final_levels"] = dict(zip(t.loop.names, rows[-1])) if rows else {}
         out["lr_scale_min"] = min((min(r["lr_scale"]) for r in t.loop.trajectory if r.get("lr_scale")), default=1.0)
     del t

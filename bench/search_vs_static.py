@@ -34,7 +34,9 @@ from _common import write  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def train(d: dict, seed: int) -> dict:
+def fit_alone(d: dict, seed: int):
+    """One training run of config ``d`` at ``seed``, alone, tracking off and no test set:
+    (trainer, summary, wall seconds). bench/lm_h200.py reads the same run."""
     from triaccel.config import TrainConfig, from_dict
     from triaccel.control import build_trainer
 
@@ -42,12 +44,16 @@ def train(d: dict, seed: int) -> dict:
     d.update(seed=seed, evaluate_test=False)
     d["tracking"] = {"enabled": False}
     d.pop("provenance", None)
-    cfg = from_dict(TrainConfig, d)
     t0 = time.perf_counter()
-    t = build_trainer(cfg, log=lambda *a: None, loop_log=print)
+    t = build_trainer(from_dict(TrainConfig, d), log=lambda *a: None, loop_log=print)
     s = t.fit()
+    return t, s, time.perf_counter() - t0
+
+
+def train(d: dict, seed: int) -> dict:
+    t, s, wall = fit_alone(d, seed)
     out = {k: s[k] for k in ("val_acc", "epoch_time_last5_s", "peak_mem_gib", "efficiency", "peak_mem_first_epoch_gib")}
-    out.update(wall_s=time.perf_counter() - t0, final_batch=t.batch_size,
+    out.update(wall_s=wall, final_batch=t.batch_size,
                epoch_times=[e["epoch_time_s"] for e in t.history.epochs],
                batch_per_epoch=[e["batch_size"] for e in t.history.epochs],
                peak_per_epoch=[e["peak_mem_gib"] for e in t.history.epochs],
