@@ -486,7 +486,8 @@ def test_a_real_cuda_oom_settles_below_the_failed_size_and_loses_no_example():
     """The H200 case in small: under torch.cuda.set_per_process_memory_fraction (memory_limit_fraction)
     of 1.5 GiB, the first step of 1,024 digits at 64 px (about 6 MiB of activations an example) really
     runs out of memory. The run finishes, trains every example once an epoch, and after each OOM no
-    micro-batch goes above OOM_MARGIN of the smallest size that failed."""
+    micro-batch goes above OOM_MARGIN of the smallest size that failed. A window that runs out of memory
+    fetches its examples again: only the windows that finished count."""
     from triaccel.controllers.batch import oom_limit
     from triaccel.trainer import Callback
 
@@ -494,9 +495,16 @@ def test_a_real_cuda_oom_settles_below_the_failed_size_and_loses_no_example():
     frac = 1.5 * 2**30 / total
     failed, calls = [], []
 
+    pending, seen = [], []  # the examples fetched in the window under way; those of finished windows
+
     class Failures(Callback):
-        def on_oom(self, tr, micro_batch):
+        def on_oom(self, tr, micro_batch):  # the window starts again with the same examples
             failed.append(micro_batch)
+            pending.clear()
+
+        def on_step_end(self, tr, step):
+            seen.extend(pending)
+            pending.clear()
 
     cfg = small_cfg(**{"mode": "triaccel", "device": "cuda", "epochs": 2, "batch_size": 1024,
                        "eval_batch_size": 64, "data.image_size": 64, "model.width": 32,
@@ -506,9 +514,8 @@ def test_a_real_cuda_oom_settles_below_the_failed_size_and_loses_no_example():
     try:
         t = Trainer(cfg, callbacks=[loop, Failures()], log=lambda *a: None,
                     oom_probe=lambda micro: calls.append((len(failed), micro))).setup()
-        seen = []
         real = t.train_data.batch
-        t.train_data.batch = lambda idx, train: (train and seen.append(idx.clone()), real(idx, train))[1]
+        t.train_data.batch = lambda idx, train: (train and pending.append(idx.clone()), real(idx, train))[1]
         t.fit()
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)  # the limit is per process: the next tests run without it
