@@ -98,7 +98,7 @@ class MLflowSearchCallback(Callback):
                 self._parent = found[0].info.run_id
                 c.update_run(self._parent, status="RUNNING")
             else:
-                from triaccel.search.runner import parent_run
+                from triaccel.search.state import parent_run
 
                 self._parent = parent_run(self.search, self.space, self.tracking_uri, self.shared)
         return self._parent

@@ -2,7 +2,7 @@
 
 The earlier search's best K feasible trials (by measured efficiency, as its summary ranks them)
 are mapped onto the new space, key by key, and appended to its ``start`` points: Optuna runs
-them first, as the space's own (``runner._constrained_optuna``), and they persist in the saved
+them first, as the space's own (``tuner._constrained_optuna``), and they persist in the saved
 space, so ``resume`` runs them too. Across spaces only the keys both search survive:
 
 - a key the new space does not search is left out (the new space's train settings hold);
@@ -67,7 +67,7 @@ def map_point(values: dict, space: SearchSpace) -> tuple[dict, list[str]]:
 
 def best_rows(name: str, k: int) -> tuple[list[dict], int]:
     """The earlier search's top ``k`` feasible trials (best measured efficiency first), and its trial count."""
-    from triaccel.search.runner import _client, read_outcome, read_state, state_store
+    from triaccel.search.state import open_store, read_outcome, read_state, state_store
 
     try:
         state = read_state(name)
@@ -75,7 +75,7 @@ def best_rows(name: str, k: int) -> tuple[list[dict], int]:
         raise ConfigError(f"--warm-start {name}: {e}") from None
     old = parse_space(state["space"], source=state["source"], sha256=state["sha256"])
     uri = state_store(state)
-    _client(uri, write=False)
+    open_store(uri, write=False)
     o = read_outcome(name, old, uri)
     return [x.row for x in o.feasible[:k]], o.trials
 

@@ -54,7 +54,7 @@ def test_a_search_saved_before_the_score_defaults_resumes_and_exports_the_paper_
     its policy, is read as written."""
     import json
 
-    from triaccel.search import runner
+    from triaccel.search import state as saved
 
     monkeypatch.setenv("TRIACCEL_TUNE_DIR", str(tmp_path / "tune"))
     rules = lambda cfg: (cfg.triaccel.precision.scale, cfg.triaccel.curvature.method, cfg.triaccel.batch.policy)
@@ -67,7 +67,7 @@ def test_a_search_saved_before_the_score_defaults_resumes_and_exports_the_paper_
         d.mkdir(parents=True)
         (d / "triaccel_search.json").write_text(json.dumps({"name": name, "space": space, "source": "s.yaml",
                                                             "sha256": "", "tracking_uri": "sqlite:///x.db", **extra}))
-        state = runner.read_state(name)
+        state = saved.read_state(name)
         assert rules(parse_space(state["space"]).train_config({})) == want, name
     assert SPACE["train"].get("triaccel") is None  # the caller's dict is not changed
     from triaccel.search.space import pin_controller_defaults

@@ -200,7 +200,8 @@ def _space_name(path: str) -> str:
 def resume(name: str, model: Callable | str | None = None, data: Callable | str | None = None,
            address: str | None = None, confirm: int | None = None) -> SearchResult:
     """Continue a stopped search; a search started with functions that have no import path needs them again."""
-    from triaccel.search.runner import read_state, resume_search
+    from triaccel.search.runner import resume_search
+    from triaccel.search.state import read_state
     from triaccel.userdef import CALLABLES, is_callable_ref
 
     train = read_state(name)["space"].get("train") or {}
@@ -215,7 +216,8 @@ def outcome(name: str, out: dict | None = None) -> SearchResult:
     """A finished search read back: its pick as `export` writes it, its baselines and run ids."""
     import yaml
 
-    from triaccel.search.runner import export, read_outcome, read_state, state_store
+    from triaccel.search.export import export
+    from triaccel.search.state import read_outcome, read_state, state_store
     from triaccel.search.space import parse_space
 
     with tempfile.TemporaryDirectory(prefix="triaccel-export-") as d:
