@@ -14,8 +14,7 @@ import yaml
 from triaccel.config import to_dict
 from triaccel.errors import ConfigError
 from triaccel.search import phases
-from triaccel.search.space import parse_space
-from triaccel.search.state import open_store, read_outcome, read_state, search_finished, state_store
+from triaccel.search.state import open_store, read_outcome, read_state, saved_space, search_finished, state_store
 
 
 MAX_EXPORT_EPOCHS = 100_000
@@ -30,7 +29,7 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
     if epochs is not None and not 1 <= epochs <= MAX_EXPORT_EPOCHS:
         raise ConfigError(f"--epochs {epochs}: must be in [1, {MAX_EXPORT_EPOCHS}]")
     state = read_state(name)
-    space = parse_space(state["space"], source=state["source"], sha256=state["sha256"])
+    space = saved_space(state)
     p = check_out(out, force)
     uri = state_store(state)
     open_store(uri, write=False)  # export only reads the store: one on a read-only disk will do

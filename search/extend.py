@@ -80,21 +80,20 @@ def extend_search(name: str, trials: int, address: str | None = None, confirm: i
     from triaccel.search.results import trial_table
     from triaccel.search.runner import finish
     from triaccel.search.signals import bounded_http_retries, interruptible, own_signals
-    from triaccel.search.space import parse_space
-    from triaccel.search.state import open_store, read_state, tune_root
+    from triaccel.search.state import open_store, read_state, saved_space, tune_root
     from triaccel.search.tuner import new_searcher, new_tuner, quiet_tune_failures
     from triaccel.tracking import log_metrics
 
     state = read_state(name)
     check_confirm(confirm)
-    space = parse_space(state["space"], source=state["source"], sha256=state["sha256"])
+    space = saved_space(state)
     bounded_http_retries()
     uri = check_can_extend(name, trials, state)
     check_address(address or state.get("address"))
     c, exp = open_store(uri)
     rows = trial_table(c, exp, name)
     seeds = earlier_trials(rows, space)
-    more = dataclasses.replace(space, trials=trials, start=[], seed=(space.seed + len(rows)) % 2**32)
+    more = dataclasses.replace(space, trials=trials, start=(), seed=(space.seed + len(rows)) % 2**32)
     tune_dir = next_dir(tune_root() / name)
     print(f"triaccel extend '{name}': {trials} more trials; the sampler starts from its {len(seeds)} earlier "
           f"trials; Tune state in {tune_dir}", flush=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import contextlib
 
 from triaccel.errors import ConfigError
-from triaccel.search.space import parse_space
-from triaccel.search.state import list_names, open_store, read_outcome, read_state, search_finished, state_store
+from triaccel.search.state import (list_names, open_store, read_outcome, read_state, saved_space, search_finished,
+                                   state_store)
 
 
 def list_searches() -> list[dict]:
@@ -21,7 +21,7 @@ def list_searches() -> list[dict]:
         item = {"name": name, "space": st["source"], "created": st.get("created", "?"),
                 "trials": st["space"].get("trials")}
         try:
-            space = parse_space(st["space"], source=st["source"], sha256=st["sha256"])
+            space = saved_space(st)
             open_store(state_store(st), write=False)  # listing only reads
             o = read_outcome(name, space, state_store(st))
             item.update(finished=len(o.ranked), failed=len(o.failed), feasible=len(o.feasible),

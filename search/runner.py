@@ -15,10 +15,10 @@ from triaccel.search.alone import check_confirm, confirm_top, default_confirm, r
 from triaccel.search.cluster import check_address, check_resources, init_ray, on_gpu, shared_trials
 from triaccel.search.lock import driver_lock
 from triaccel.search.signals import bounded_http_retries, interruptible, own_signals
-from triaccel.search.space import CONTROLLER_DEFAULTS, MAX_TRIALS, SearchSpace, load_space, parse_space
+from triaccel.search.space import CONTROLLER_DEFAULTS, MAX_TRIALS, SearchSpace, load_space
 from triaccel.search.state import (EXPERIMENT, STATE_FILE, check_name, close_orphan_trials, name_unused_in_store,
                                    note_space_edits, open_store, parent_run, read_outcome, read_state, record_best,
-                                   saved_option, search_finished, sqlite_path, state_store, tune_root, usable_store,
+                                   saved_option, saved_space, search_finished, sqlite_path, state_store, tune_root, usable_store,
                                    write_state)
 from triaccel.search.tuner import check_finished, new_tuner, quiet_tune_failures, restorable, trial_trainable
 
@@ -31,14 +31,16 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     if warm_start_k is not None and warm_start is None:
         raise ConfigError("--warm-start-k: needs --warm-start NAME (the search whose best trials start this one)")
     check_address(address)
+    given = {}
     for k, v, ok, want in (("trials", trials, lambda v: 1 <= v <= MAX_TRIALS, f"in [1, {MAX_TRIALS}]"),
                            ("concurrency", concurrency, lambda v: v >= 1, ">= 1"),
                            ("gpus_per_trial", gpus_per_trial, lambda v: 0 < v <= 8, "in (0, 8]")):
         if v is not None:
             if not ok(v):  # NaN fails every comparison
                 raise ConfigError(f"--{k.replace('_', '-')}: invalid value {v} (must be {want})")
-            space.raw[k] = v
-    space = parse_space(space.raw, source=space.source, sha256=space.sha256, strict=True)
+            given[k] = v
+    if given:  # a new space, checked as the file would be, with the values in the state it saves
+        space = space.with_options(**given)
     if warm_start is not None:  # the earlier search's best points join the start points (search.warmstart)
         from triaccel.search import warmstart
 
@@ -114,7 +116,7 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
 
 def _resume(name: str, state: dict, address: str | None, confirm: int | None, asked: int | None = None) -> dict:
     check_address(address or state.get("address"))
-    space = parse_space(state["space"], source=state["source"], sha256=state["sha256"])
+    space = saved_space(state)
     from triaccel.userdef import check_user_code, use_runtime_env
 
     use_runtime_env(state.get("runtime_env"))  # the user's code where the search found it, from any folder

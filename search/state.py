@@ -17,7 +17,7 @@ from pathlib import Path
 
 from triaccel.errors import ConfigError, TriAccelError
 from triaccel.search.lock import LOCK_FILE
-from triaccel.search.space import SearchSpace, pin_controller_defaults
+from triaccel.search.space import SearchSpace, parse_space, pin_controller_defaults
 from triaccel.tracking import tracking_uri as resolve_uri
 
 
@@ -70,6 +70,12 @@ def read_state(name: str) -> dict:
     state["space"] = pin_controller_defaults(state["space"], state.get("controller_defaults"))
     return state
 
+
+
+def saved_space(state: dict) -> SearchSpace:
+    """The space of a saved search (``read_state``), as it was accepted when the search started, with the
+    command's overrides: parsed once for the command that reads it."""
+    return parse_space(state["space"], source=state["source"], sha256=state["sha256"])
 
 def list_names() -> list[str]:
     root = tune_root()

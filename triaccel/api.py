@@ -217,8 +217,7 @@ def outcome(name: str, out: dict | None = None) -> SearchResult:
     import yaml
 
     from triaccel.search.export import export
-    from triaccel.search.state import read_outcome, read_state, state_store
-    from triaccel.search.space import parse_space
+    from triaccel.search.state import read_outcome, read_state, saved_space, state_store
 
     with tempfile.TemporaryDirectory(prefix="triaccel-export-") as d:
         try:
@@ -230,7 +229,7 @@ def outcome(name: str, out: dict | None = None) -> SearchResult:
     prov = best.get("provenance") or {}
     state = read_state(name)
     uri = state_store(state)
-    o = read_outcome(name, parse_space(state["space"], source=state["source"], sha256=state["sha256"]), uri)
+    o = read_outcome(name, saved_space(state), uri)
     bases = [{"run": b["tags"].get("triaccel.baseline"), "run_id": b["run_id"],
               "efficiency": b["metrics"].get("efficiency"), "val_acc": b["metrics"].get("val_acc")}
              for b in o.baselines]
