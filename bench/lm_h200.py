@@ -97,7 +97,7 @@ def search_and_export(args, work: Path, res: dict) -> Path | None:
 def read_baselines(uri: str) -> list[dict]:
     """The search's static baselines as the search measured them: label, efficiency, val acc, ..."""
     from triaccel.search.results import trial_table
-    from triaccel.search.runner import EXPERIMENT
+    from triaccel.search.state import EXPERIMENT
     from triaccel.tracking import client
 
     c = client(uri)

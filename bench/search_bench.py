@@ -65,7 +65,8 @@ def main():
     args = ap.parse_args()
     os.environ["TRIACCEL_TUNE_DIR"] = str(Path("mlruns/tune").resolve())
     from triaccel.search.results import trial_table
-    from triaccel.search.runner import _client, run_search
+    from triaccel.search.runner import run_search
+    from triaccel.search.state import open_store
 
     space = yaml.safe_load((Path(__file__).resolve().parents[1] / "spaces" / "cifar10_jpeg_resnet18.yaml").read_text())
     space["train"]["data"]["data_dir"] = args.data_dir
@@ -105,7 +106,7 @@ def main():
         run_search(str(p), name=f"bench_{label}", confirm=0)  # the searches alone, no re-runs
         wall = time.perf_counter() - t0
         mon.stop = True
-        c, exp = _client(os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlruns/mlflow.db")
+        c, exp = open_store(os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlruns/mlflow.db")
         rows = trial_table(c, exp, f"bench_{label}")
         done = [r for r in rows if r["status"] == "FINISHED"]
         best = max(done, key=lambda r: r["metrics"]["efficiency"])

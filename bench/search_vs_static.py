@@ -102,7 +102,7 @@ def stats(xs):
     return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
 
 
-def main():
+def parse_args():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data-dir", required=True)
     ap.add_argument("--out", required=True)
@@ -128,60 +128,64 @@ def main():
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE[,KEY=VALUE]",
                     help="also train the exported config with these dotted settings changed, as run "
                          "'exported LABEL', interleaved seed by seed (repeatable)")
-    args = ap.parse_args()
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
+    return ap.parse_args()
+
+
+def read_space(args) -> dict:
+    """The space whose train settings every run takes, reading --data-dir (as an ImageFolder with
+    --imagefolder)."""
     if args.space is None:
         src = (yaml.safe_load(Path(args.tuned).read_text()).get("provenance") or {}).get("space_file") \
             if args.tuned else None
         args.space = src if src and Path(src).is_file() else str(ROOT / "spaces" / "cifar10_jpeg_resnet18.yaml")
         print(f"static runs take the train settings of {args.space}", flush=True)
-    res = {"what": __doc__.split("\n\n")[0], "epochs": args.epochs, "space": args.space, "runs": {}}
     space = yaml.safe_load(Path(args.space).read_text())
     space["train"]["data"]["data_dir"] = args.data_dir
     if args.imagefolder:
         space["train"]["data"].update(name="imagefolder", data_dir=args.data_dir, image_size=32)
         space["train"]["data"].pop("download", None)  # the space's other data keys (split, cache) stay
-    if args.tuned is None:
-        if args.trials:
-            space["trials"] = args.trials
-        (work / "space.yaml").write_text(yaml.safe_dump(space, sort_keys=False))
-        env = dict(os.environ, TRIACCEL_TUNE_DIR=str(work / "mlruns" / "tune"),
-                   MLFLOW_TRACKING_URI=f"sqlite:///{work}/mlruns/mlflow.db")
-        t0 = time.perf_counter()
-        # streamed as it runs (a search killed by a time limit left nothing when its output was captured)
-        p = subprocess.Popen([sys.executable, "-u", "-m", "triaccel.cli", "search", "--space",
-                              str(work / "space.yaml"), "--name", "bench"], cwd=work, env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        lines = []
-        for line in p.stdout:
-            print(line, end="", flush=True)
-            lines.append(line)
-        search_rc = p.wait()
-        out = "".join(lines)
-        res["search"] = {"wall_s": time.perf_counter() - t0, "rc": search_rc, "stdout_tail": out[-6000:]}
-        r = subprocess.run([sys.executable, "-m", "triaccel.cli", "export", "bench", "--out", str(work / "tuned.yaml"),
-                            "--force"], cwd=work, env=env, capture_output=True, text=True)
-        res["export"] = {"rc": r.returncode, "stdout": r.stdout[-3000:], "stderr": r.stderr[-2000:]}
-        print(r.stdout, r.stderr, flush=True)
-        write(args.out, res)
-        args.tuned = str(work / "tuned.yaml")
-        if search_rc or r.returncode:  # an export of an older search under the same --work is no result
-            sys.exit(f"search (exit {search_rc}) or export (exit {r.returncode}) failed: see {args.out}")
-        if args.search_only:
-            Path(args.out).with_suffix(".tuned.yaml").write_text((work / "tuned.yaml").read_text())
-            return
-    tuned = yaml.safe_load(Path(args.tuned).read_text())
-    res["provenance"] = tuned.get("provenance")
-    tuned["epochs"] = args.epochs
-    # static AMP with the space's own train settings (issue 12): its data, model, optimizer and
-    # cuBLAS workspace; no controllers, no checkpointing (a user's plain run)
+    return space
+
+
+def search_and_export(args, space: dict, work: Path, res: dict) -> Path:
+    """Run the search through the CLI and export its pick; the exported config's path."""
+    if args.trials:
+        space["trials"] = args.trials
+    (work / "space.yaml").write_text(yaml.safe_dump(space, sort_keys=False))
+    env = dict(os.environ, TRIACCEL_TUNE_DIR=str(work / "mlruns" / "tune"),
+               MLFLOW_TRACKING_URI=f"sqlite:///{work}/mlruns/mlflow.db")
+    t0 = time.perf_counter()
+    # streamed as it runs (a search killed by a time limit leaves nothing when its output is captured)
+    p = subprocess.Popen([sys.executable, "-u", "-m", "triaccel.cli", "search", "--space",
+                          str(work / "space.yaml"), "--name", "bench"], cwd=work, env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines = []
+    for line in p.stdout:
+        print(line, end="", flush=True)
+        lines.append(line)
+    search_rc = p.wait()
+    out = "".join(lines)
+    res["search"] = {"wall_s": time.perf_counter() - t0, "rc": search_rc, "stdout_tail": out[-6000:]}
+    r = subprocess.run([sys.executable, "-m", "triaccel.cli", "export", "bench", "--out", str(work / "tuned.yaml"),
+                        "--force"], cwd=work, env=env, capture_output=True, text=True)
+    res["export"] = {"rc": r.returncode, "stdout": r.stdout[-3000:], "stderr": r.stderr[-2000:]}
+    print(r.stdout, r.stderr, flush=True)
+    write(args.out, res)
+    if search_rc or r.returncode:  # an export of an older search under the same --work is no result
+        sys.exit(f"search (exit {search_rc}) or export (exit {r.returncode}) failed: see {args.out}")
+    return work / "tuned.yaml"
+
+
+def static_runs(space: dict, epochs: int):
+    """A function from ``dtype:batch[:captured][:compiled][:torchws]`` to (label, train dict): static AMP with
+    the space's own train settings (its data, model, optimizer and cuBLAS workspace); no controllers, no
+    checkpointing (a user's plain run)."""
     static = copy.deepcopy(space["train"])
     static.pop("triaccel", None)
-    static.update(mode="amp", epochs=args.epochs, checkpointing=False)
+    static.update(mode="amp", epochs=epochs, checkpointing=False)
     static.setdefault("optim", {})["warmup_epochs"] = 2
 
-    def static_cfg(spec):  # dtype:batch[:captured][:compiled][:torchws]
+    def static_cfg(spec):
         dt, b, *flags = spec.split(":")
         d = copy.deepcopy(static)
         d.update(mode="amp", amp_dtype=dt, batch_size=int(b), capture="captured" in flags)
@@ -192,9 +196,13 @@ def main():
         return (f"static amp {dt} B={b}" + (" captured" if "captured" in flags else "")
                 + (" compiled" if "compiled" in flags else "")
                 + (" torch-workspace" if "torchws" in flags else "")), d
+    return static_cfg
 
+
+def variants_of(tuned: dict, specs: list[str]) -> list[tuple[str, dict]]:
+    """``LABEL:key=value,key=value``: the exported config with those dotted settings changed."""
     variants = []
-    for v in args.variant:  # LABEL:key=value,key=value on the exported config
+    for v in specs:
         label, _, sets = v.partition(":")
         d = copy.deepcopy(tuned)
         for item in filter(None, sets.split(",")):
@@ -205,10 +213,14 @@ def main():
                 node = node.setdefault(k, {})
             node[last] = yaml.safe_load(val)
         variants.append((f"exported {label}", d))
-    res["variants"] = args.variant
-    seeds = [int(s) for s in args.seeds.split(",")]
+    return variants
+
+
+def plan_runs(args, tuned: dict, variants: list, static_cfg) -> list[tuple[str, dict, int]]:
+    """(label, train dict, seed) of every run, seed by seed: the export, its variants, the static runs
+    (and, at the first seed, the --static-once ones)."""
     plan = []
-    for i, seed in enumerate(seeds):
+    for i, seed in enumerate(int(s) for s in args.seeds.split(",")):
         plan.append(("exported", tuned, seed))
         for label, d in variants:
             plan.append((label, d, seed))
@@ -217,6 +229,55 @@ def main():
         if i == 0:
             for spec in [s for s in args.static_once.split(",") if s]:
                 plan.append((*static_cfg(spec), seed))
+    return plan
+
+
+def summarise(res: dict, variants: list) -> None:
+    """Mean and std per run label, and the export (and each variant) against the best static runs."""
+    summary = {}
+    for lab, rs in res["runs"].items():
+        summary[lab] = {k: stats([x[k] for x in rs]) for k in ("efficiency", "val_acc", "epoch_time_last5_s",
+                                                                "peak_mem_gib")}
+    statics = {k: v for k, v in summary.items() if k.startswith("static")}
+    # against the best static run of all, the best eager one (what a user runs without us), the
+    # best captured one (static training with our captured step) and the best compiled one
+    for suffix, pool in (("", statics),
+                         ("_eager", {k: v for k, v in statics.items() if "captured" not in k and "compiled" not in k}),
+                         ("_captured", {k: v for k, v in statics.items() if "captured" in k and "compiled" not in k}),
+                         ("_compiled", {k: v for k, v in statics.items() if "compiled" in k})):
+        if "exported" in summary and pool:
+            best = max(pool, key=lambda k: pool[k]["efficiency"]["mean"])
+            res[f"best_static{suffix}"] = best
+            res[f"ratio_exported_to_best_static{suffix}"] = (summary["exported"]["efficiency"]["mean"]
+                                                             / pool[best]["efficiency"]["mean"])
+            res[f"val_acc_diff_pp{suffix}"] = summary["exported"]["val_acc"]["mean"] - pool[best]["val_acc"]["mean"]
+    for label, _ in variants:  # each variant against the same best static run
+        if label in summary and res.get("best_static"):
+            best = summary[res["best_static"]]
+            res[f"ratio_{label.replace(' ', '_')}_to_best_static"] = (summary[label]["efficiency"]["mean"]
+                                                                      / best["efficiency"]["mean"])
+            res[f"val_acc_diff_pp_{label.replace(' ', '_')}"] = (summary[label]["val_acc"]["mean"]
+                                                                 - best["val_acc"]["mean"])
+    res["summary"] = summary
+
+
+def main():
+    args = parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    space = read_space(args)
+    res = {"what": __doc__.split("\n\n")[0], "epochs": args.epochs, "space": args.space, "runs": {}}
+    if args.tuned is None:
+        args.tuned = str(search_and_export(args, space, work, res))
+        if args.search_only:
+            Path(args.out).with_suffix(".tuned.yaml").write_text((work / "tuned.yaml").read_text())
+            return
+    tuned = yaml.safe_load(Path(args.tuned).read_text())
+    res["provenance"] = tuned.get("provenance")
+    tuned["epochs"] = args.epochs
+    variants = variants_of(tuned, args.variant)
+    res["variants"] = args.variant
+    plan = plan_runs(args, tuned, variants, static_runs(space, args.epochs))
     warm_run(plan[0][1], args.warm_epochs)
     for label, d, seed in plan:
         print(f"--- {label} seed {seed}", flush=True)
@@ -224,31 +285,7 @@ def main():
         print(label, seed, {k: r[k] for k in ("val_acc", "epoch_time_last5_s", "peak_mem_gib", "efficiency")},
               flush=True)
         res["runs"].setdefault(label, []).append({"seed": seed, **r})
-        summary = {}
-        for lab, rs in res["runs"].items():
-            summary[lab] = {k: stats([x[k] for x in rs]) for k in ("efficiency", "val_acc", "epoch_time_last5_s",
-                                                                    "peak_mem_gib")}
-        statics = {k: v for k, v in summary.items() if k.startswith("static")}
-        # against the best static run of all, the best eager one (what a user runs without us), the
-        # best captured one (static training with our captured step) and the best compiled one
-        for suffix, pool in (("", statics),
-                             ("_eager", {k: v for k, v in statics.items() if "captured" not in k and "compiled" not in k}),
-                             ("_captured", {k: v for k, v in statics.items() if "captured" in k and "compiled" not in k}),
-                             ("_compiled", {k: v for k, v in statics.items() if "compiled" in k})):
-            if "exported" in summary and pool:
-                best = max(pool, key=lambda k: pool[k]["efficiency"]["mean"])
-                res[f"best_static{suffix}"] = best
-                res[f"ratio_exported_to_best_static{suffix}"] = (summary["exported"]["efficiency"]["mean"]
-                                                                 / pool[best]["efficiency"]["mean"])
-                res[f"val_acc_diff_pp{suffix}"] = summary["exported"]["val_acc"]["mean"] - pool[best]["val_acc"]["mean"]
-        for label, _ in variants:  # each variant against the same best static run
-            if label in summary and res.get("best_static"):
-                best = summary[res["best_static"]]
-                res[f"ratio_{label.replace(' ', '_')}_to_best_static"] = (summary[label]["efficiency"]["mean"]
-                                                                          / best["efficiency"]["mean"])
-                res[f"val_acc_diff_pp_{label.replace(' ', '_')}"] = (summary[label]["val_acc"]["mean"]
-                                                                     - best["val_acc"]["mean"])
-        res["summary"] = summary
+        summarise(res, variants)
         write(args.out, res)
 
 

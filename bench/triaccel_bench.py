@@ -210,15 +210,71 @@ def overhead(args):
         save()
 
 
+# the probe engines and modes probe_section times against the reference
+PROBE_CONFIGS = [("batched_graph", dict(mode="batched", graphs=True)),
+                 ("batched_eager", dict(mode="batched", graphs=False)),
+                 ("exact_graph", dict(mode="exact", graphs=True)),
+                 ("batched_k1_graph", dict(mode="batched", graphs=True, top_k=1)),
+                 ("exact_k1_graph", dict(mode="exact", graphs=True, top_k=1)),
+                 ("batched_graph_bf16", dict(mode="batched", graphs=True, dtype=torch.bfloat16)),
+                 ("exact_graph_bf16", dict(mode="exact", graphs=True, dtype=torch.bfloat16)),
+                 ("exact_k1_graph_bf16", dict(mode="exact", graphs=True, top_k=1, dtype=torch.bfloat16))]
+
+
+def probe_refreshes(t, layers, loss_fn, amp_ms, refreshes, dtype=torch.float32, **kw):
+    """``refreshes`` estimates of one probe engine on the trainer's weights: their times, products per
+    iteration, extra memory, and the estimates themselves (an engine that fails is recorded, not raised)."""
+    from triaccel.curvature import HessianProbe
+    from triaccel.measure import GiB
+
+    probe = HessianProbe(t.model, layers, seed=0, log=lambda m: print(m, flush=True), **{"top_k": 5, **kw})
+    times, ests, err = [], [], None
+    cuda = t.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated() if cuda else 0
+    try:
+        for _ in range(refreshes):
+            sync(t.device)
+            t0 = time.perf_counter()
+            with t.precision.force(dtype):
+                ests.append(probe.estimate(loss_fn, static_inputs=True))
+            sync(t.device)
+            times.append(time.perf_counter() - t0)
+    except Exception as e:  # noqa: BLE001 - record and go on with the next engine
+        err = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    r = {"kw": {k: v for k, v in kw.items()}, "dtype": str(dtype), "first_s": times[0] if times else None,
+         "warm_median_s": statistics.median(times[1:]) if len(times) > 1 else None, "times_s": times,
+         "products_per_iter": probe.last_hvps / max(1, probe.last_iters), "iters": probe.last_iters,
+         "graphs_used": probe._graph is not None,
+         "extra_peak_gib": (torch.cuda.max_memory_allocated() - base) / GiB if cuda else None,
+         "error": err}
+    if r["warm_median_s"] is not None:
+        r["amortised_pct_of_amp_step_T200"] = 100 * r["warm_median_s"] / 200 / (amp_ms / 1e3)
+    del probe
+    if cuda:
+        torch.cuda.empty_cache()
+    return r, ests
+
+
+def against_reference(ests, lam_ref) -> dict:
+    """lambda_max of the last refresh, and of the mean over refreshes after the first, against the reference."""
+    last = [abs(e[0]) for e in ests[-1]]
+    mean = [statistics.fmean(abs(e[li][0]) for e in ests[1:] or ests) for li in range(len(lam_ref))]
+    ratio = [a / b for a, b in zip(last, lam_ref)]
+    ratio_mean = [a / b for a, b in zip(mean, lam_ref)]
+    return {"lambda_max_last": last,
+            "ratio_to_reference_last": {"median": statistics.median(ratio), "min": min(ratio), "max": max(ratio)},
+            "ratio_to_reference_mean_of_refreshes": {"median": statistics.median(ratio_mean),
+                                                     "min": min(ratio_mean), "max": max(ratio_mean)}}
+
+
 def probe_section(args):
     """The curvature probe alone on a partly trained ResNet-18: cost per refresh of every
     product engine (finite differences / autograd, CUDA graph / eager) and mode (batched /
     exact) at k=5, b_curv=32, and accuracy of lambda_max against a converged exact reference
     (autograd products, many iterations) at the same weights and probe batch."""
     import torch.nn.functional as F
-
-    from triaccel.curvature import HessianProbe
-    from triaccel.measure import GiB
 
     cfg = cfg_for(args, mode="triaccel", batch_size=96, **{"triaccel.precision.enabled": False,
                                                             "triaccel.curvature.enabled": False,
@@ -243,63 +299,21 @@ def probe_section(args):
            "train_steps_before": args.train_steps, "amp_bs96_step_ms": amp_ms, "iters_per_refresh": args.probe_iters,
            "refreshes": args.refreshes, "configs": {}}
 
-    def run(name, refreshes, dtype=torch.float32, **kw):
-        probe = HessianProbe(t.model, layers, seed=0, log=lambda m: print(m, flush=True), **{"top_k": 5, **kw})
-        times, ests, err = [], [], None
-        cuda = t.device.type == "cuda"
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated() if cuda else 0
-        try:
-            for _ in range(refreshes):
-                sync(t.device)
-                t0 = time.perf_counter()
-                with t.precision.force(dtype):
-                    ests.append(probe.estimate(loss_fn, static_inputs=True))
-                sync(t.device)
-                times.append(time.perf_counter() - t0)
-        except Exception as e:  # noqa: BLE001 - record and go on with the next engine
-            err = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-        r = {"kw": {k: v for k, v in kw.items()}, "dtype": str(dtype), "first_s": times[0] if times else None,
-             "warm_median_s": statistics.median(times[1:]) if len(times) > 1 else None, "times_s": times,
-             "products_per_iter": probe.last_hvps / max(1, probe.last_iters), "iters": probe.last_iters,
-             "graphs_used": probe._graph is not None,
-             "extra_peak_gib": (torch.cuda.max_memory_allocated() - base) / GiB if cuda else None,
-             "error": err}
-        if r["warm_median_s"] is not None:
-            r["amortised_pct_of_amp_step_T200"] = 100 * r["warm_median_s"] / 200 / (amp_ms / 1e3)
-        del probe
-        if cuda:
-            torch.cuda.empty_cache()
-        return r, ests
+    def run(refreshes, **kw):
+        return probe_refreshes(t, layers, loss_fn, amp_ms, refreshes, **kw)
 
-    ref, ref_ests = run("reference", 1, mode="exact", graphs=True, max_iters=args.ref_iters, tol=1e-4)
+    ref, ref_ests = run(1, mode="exact", graphs=True, max_iters=args.ref_iters, tol=1e-4)
     res["reference"] = ref
     lam_ref = [abs(e[0]) for e in ref_ests[-1]] if ref_ests else None
     res["reference_lambda_max"] = lam_ref
     write(args.out, res)
-    configs = [("batched_graph", dict(mode="batched", graphs=True)),
-               ("batched_eager", dict(mode="batched", graphs=False)),
-               ("exact_graph", dict(mode="exact", graphs=True)),
-               ("batched_k1_graph", dict(mode="batched", graphs=True, top_k=1)),
-               ("exact_k1_graph", dict(mode="exact", graphs=True, top_k=1)),
-               ("batched_graph_bf16", dict(mode="batched", graphs=True, dtype=torch.bfloat16)),
-               ("exact_graph_bf16", dict(mode="exact", graphs=True, dtype=torch.bfloat16)),
-               ("exact_k1_graph_bf16", dict(mode="exact", graphs=True, top_k=1, dtype=torch.bfloat16))]
     only = set(args.probe_configs.split(",")) if args.probe_configs else None
-    for name, kw in configs:
+    for name, kw in PROBE_CONFIGS:
         if only and name not in only:
             continue
-        r, ests = run(name, args.refreshes, max_iters=args.probe_iters, tol=1e-30, **kw)  # fixed iteration count
+        r, ests = run(args.refreshes, max_iters=args.probe_iters, tol=1e-30, **kw)  # fixed iteration count
         if ests and lam_ref:
-            last = [abs(e[0]) for e in ests[-1]]
-            mean = [statistics.fmean(abs(e[li][0]) for e in ests[1:] or ests) for li in range(len(lam_ref))]
-            ratio = [a / b for a, b in zip(last, lam_ref)]
-            ratio_mean = [a / b for a, b in zip(mean, lam_ref)]
-            r["lambda_max_last"] = last
-            r["ratio_to_reference_last"] = {"median": statistics.median(ratio), "min": min(ratio), "max": max(ratio)}
-            r["ratio_to_reference_mean_of_refreshes"] = {"median": statistics.median(ratio_mean),
-                                                         "min": min(ratio_mean), "max": max(ratio_mean)}
+            r.update(against_reference(ests, lam_ref))
         res["configs"][name] = r
         print(name, {k: v for k, v in r.items() if k not in ("lambda_max_last", "times_s")}, flush=True)
         write(args.out, res)

@@ -63,7 +63,8 @@ class MLflowSearchCallback(Callback):
         """This process's client and caches: never pickled, rebuilt empty on unpickling (a callback
         pickled by an older version lacks the newer ones)."""
         return {"_client": None, "_exp_id": None, "_parent": None, "_runs": {}, "_last_step": {},
-                "_closed": set()}  # _closed: trials whose runs a killed search had already closed FINISHED
+                # _closed: trials whose runs a killed search had already closed FINISHED; _space: parsed once
+                "_closed": set(), "_space": None}
 
     def _reset(self):
         self.__dict__.update(self._fresh())
@@ -76,10 +77,13 @@ class MLflowSearchCallback(Callback):
 
     @property
     def space(self):
-        from triaccel.search.space import parse_space, pin_controller_defaults
+        """The search's space, parsed once in this process from the data pickled with the callback."""
+        if self._space is None:
+            from triaccel.search.space import parse_space, pin_controller_defaults
 
-        raw = pin_controller_defaults(self.space_data, getattr(self, "controller_defaults", None))
-        return parse_space(raw, source=self.space_source, sha256=self.space_sha)
+            raw = pin_controller_defaults(self.space_data, getattr(self, "controller_defaults", None))
+            self._space = parse_space(raw, source=self.space_source, sha256=self.space_sha)
+        return self._space
 
     @property
     def client(self):
@@ -98,7 +102,7 @@ class MLflowSearchCallback(Callback):
                 self._parent = found[0].info.run_id
                 c.update_run(self._parent, status="RUNNING")
             else:
-                from triaccel.search.runner import parent_run
+                from triaccel.search.state import parent_run
 
                 self._parent = parent_run(self.search, self.space, self.tracking_uri, self.shared)
         return self._parent

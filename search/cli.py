@@ -1,4 +1,4 @@
-"""`triaccel search | resume | export | searches | ui`: thin shells over triaccel.search.runner.
+"""`triaccel search | resume | export | searches | ui`: thin shells over triaccel.search's modules.
 
 Heavy imports (Ray, Optuna, MLflow) happen inside the commands, so `triaccel --help` is fast.
 """
@@ -38,7 +38,7 @@ def cmd_extend(args) -> int:
 
 def cmd_export(args) -> int:
     use_storage(args.storage)
-    from triaccel.search.runner import export
+    from triaccel.search.export import export
 
     import yaml
 
@@ -73,7 +73,7 @@ def cmd_export(args) -> int:
 def _note_callables(name: str, p) -> None:
     """A search started from Python with functions that have no import path exports references only
     that process knew (callable:NAME): say how to train the export."""
-    from triaccel.search.runner import read_state
+    from triaccel.search.state import read_state
 
     refs = read_state(name).get("callables") or {}
     if refs:
@@ -85,7 +85,8 @@ def _note_callables(name: str, p) -> None:
 
 def cmd_searches(args) -> int:
     use_storage(args.storage)
-    from triaccel.search.runner import list_searches, tune_root
+    from triaccel.search.listing import list_searches
+    from triaccel.search.state import tune_root
 
     rows = list_searches()
     if not rows:

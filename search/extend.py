@@ -55,7 +55,7 @@ def next_dir(root):
 
 def check_can_extend(name: str, trials: int, state: dict) -> str:
     """The search's store, once the options and the search are known fit to extend; nothing written."""
-    from triaccel.search.runner import search_finished, sqlite_path, state_store, tune_root
+    from triaccel.search.state import search_finished, sqlite_path, state_store, tune_root
     from triaccel.search.space import MAX_TRIALS
 
     if not 1 <= trials <= MAX_TRIALS:
@@ -75,32 +75,35 @@ def check_can_extend(name: str, trials: int, state: dict) -> str:
 
 def extend_search(name: str, trials: int, address: str | None = None, confirm: int | None = None) -> dict:
     from triaccel.search import phases
+    from triaccel.search.alone import check_confirm, default_confirm, run_baselines
+    from triaccel.search.cluster import check_address, init_ray, on_gpu
     from triaccel.search.results import trial_table
-    from triaccel.search.runner import (_check_confirm, _client, _init_ray, _searcher, _tuner, bounded_http_retries,
-                                        check_address, default_confirm, finish, interruptible, on_gpu, own_signals,
-                                        parse_space, quiet_tune_failures, read_state, run_baselines, tune_root)
+    from triaccel.search.runner import finish
+    from triaccel.search.signals import bounded_http_retries, interruptible, own_signals
+    from triaccel.search.state import open_store, read_state, saved_space, tune_root
+    from triaccel.search.tuner import new_searcher, new_tuner, quiet_tune_failures
     from triaccel.tracking import log_metrics
 
     state = read_state(name)
-    _check_confirm(confirm)
-    space = parse_space(state["space"], source=state["source"], sha256=state["sha256"])
+    check_confirm(confirm)
+    space = saved_space(state)
     bounded_http_retries()
     uri = check_can_extend(name, trials, state)
     check_address(address or state.get("address"))
-    c, exp = _client(uri)
+    c, exp = open_store(uri)
     rows = trial_table(c, exp, name)
     seeds = earlier_trials(rows, space)
-    more = dataclasses.replace(space, trials=trials, start=[], seed=(space.seed + len(rows)) % 2**32)
+    more = dataclasses.replace(space, trials=trials, start=(), seed=(space.seed + len(rows)) % 2**32)
     tune_dir = next_dir(tune_root() / name)
     print(f"triaccel extend '{name}': {trials} more trials; the sampler starts from its {len(seeds)} earlier "
           f"trials; Tune state in {tune_dir}", flush=True)
     with interruptible(name, uri):
         ref_curve = run_baselines(name, space, uri, state["shared"])  # finished already: read, not trained
-        _init_ray(address or state.get("address"), runtime_env=state.get("runtime_env"))
+        init_ray(address or state.get("address"), runtime_env=state.get("runtime_env"))
         quiet_tune_failures()
-        searcher = _searcher(more, seeds)
+        searcher = new_searcher(more, seeds)
         with own_signals() as watch, phases.timed(uri, name, "trials"):
-            _tuner(more, name, uri, state["shared"], ref_curve, searcher=searcher, tune_dir=tune_dir).fit()
+            new_tuner(more, name, uri, state["shared"], ref_curve, searcher=searcher, tune_dir=tune_dir).fit()
         seen = searcher.searcher.seen_before_first
         parent = next(iter(c.search_runs([exp], filter_string=f"tags.`triaccel.search` = '{name}' and "
                                                              f"tags.`triaccel.role` = 'parent'", max_results=1)))

@@ -79,11 +79,11 @@ def judged(name: str, space: SearchSpace, uri: str, o) -> Judged | None:
     no reference, or no candidate has a paired run yet (the search's own pick then stands)."""
     from triaccel.config import TrainConfig, from_dict
     from triaccel.search.results import paired, trial_table, verdict
-    from triaccel.search.runner import _client
+    from triaccel.search.state import open_store
 
     if not space.production_epochs or o.reference is None:
         return None
-    c, exp = _client(uri, write=False)
+    c, exp = open_store(uri, write=False)
     runs = judged_runs(trial_table(c, exp, name, role=ROLE), space.production_epochs)
     label = o.reference["tags"].get("triaccel.baseline")
     ss = seeds(space, from_dict(TrainConfig, space.baseline_train(label)).seed)
@@ -102,7 +102,8 @@ def run_judge(name: str, space: SearchSpace, uri: str, k: int) -> None:
     from triaccel.config import TrainConfig, from_dict
     from triaccel.search.callbacks import TAG_ROLE, TAG_SEARCH
     from triaccel.search.results import trial_table
-    from triaccel.search.runner import _client, parent_run, read_outcome, run_alone
+    from triaccel.search.alone import run_alone
+    from triaccel.search.state import open_store, parent_run, read_outcome
 
     if not space.production_epochs or k <= 0:
         return
@@ -115,7 +116,7 @@ def run_judge(name: str, space: SearchSpace, uri: str, k: int) -> None:
     E, label = space.production_epochs, o.reference["tags"]["triaccel.baseline"]
     ref_cfg = from_dict(TrainConfig, space.baseline_train(label))
     ss = seeds(space, ref_cfg.seed)
-    c, exp = _client(uri)
+    c, exp = open_store(uri)
     have = judged_runs(trial_table(c, exp, name, role=ROLE), E)
     parent = parent_run(name, space, uri)
     print(f"judge: the top {len(cands)} and the reference {label}, alone, {E} epochs (the production length), "

@@ -35,14 +35,14 @@ def add(c, exp: str, name: str, phase: str, seconds: float) -> None:
 @contextlib.contextmanager
 def timed(uri: str, name: str, phase: str):
     """Time the block as ``phase`` of search ``name``, stopped or not (a resume adds the rest)."""
-    from triaccel.search.runner import _client
+    from triaccel.search.state import open_store
 
     t0 = time.perf_counter()
     try:
         yield
     finally:
         with contextlib.suppress(Exception):  # a store gone down must not hide why the phase ended
-            c, exp = _client(uri)
+            c, exp = open_store(uri)
             add(c, exp, name, phase, time.perf_counter() - t0)
 
 

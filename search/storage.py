@@ -2,7 +2,7 @@
 
 Every command that reads or writes a search (search, resume, extend, export, searches) takes it,
 so a search started in one working folder is resumed, extended or exported from any other (or
-from another machine, through a shared folder). It sets the root ``runner.tune_root()`` reads
+from another machine, through a shared folder). It sets the root ``state.tune_root()`` reads
 (TRIACCEL_TUNE_DIR), absolute; the MLflow store is recorded absolute in each search's state, so
 the working folder never decides which store is read. A ``file://`` URI names a folder; other
 URIs (s3://, gs://...) are refused in one line: the search's state file, listing and locks are

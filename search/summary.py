@@ -49,3 +49,34 @@ def print_table(o, space) -> None:
         print(f"  ({SCORE} x base: eff / the reference baseline's; d.acc: validation accuracy minus the reference's "
               f"at the same epoch; !: more than {space.margin:g} pp below it, infeasible, never exported; "
               f"*: re-measured alone; s: a start point of the space)")
+
+
+def print_summary(name: str, space, uri: str, o, j):
+    """The search's closing lines: counts, the table, reused baselines, second looks, the judge's verdict,
+    what ``export`` writes, device time by phase. Returns the pick (None where nothing can be exported)."""
+    from triaccel.errors import TriAccelError
+    from triaccel.search import baseline_cache, phases
+    from triaccel.search.judge import final_pick, summary_lines
+    from triaccel.search.state import open_store
+
+    print(f"\nsearch '{name}': {len(o.ranked)} finished ({len(o.feasible)} feasible), {len(o.stopped)} stopped early, "
+          f"{len(o.failed)} failed, {o.trials} trials in MLflow")
+    print_table(o, space)
+    for line in baseline_cache.reused_lines(o.baselines):  # where a reused baseline's figures came from
+        print(line)
+    for x in o.ranked:
+        if x.gaps:
+            print(f"  second look {x.row['trial_id']} (+): d.acc {x.gaps[0]:+.2f} at the first seed, {x.gaps[1]:+.2f} "
+                  f"at the next, mean {x.gap:+.2f}: {'feasible' if x.feasible else 'infeasible'}")
+    for line in summary_lines(j, o) if j is not None else ():
+        print(line)
+    p = None
+    try:
+        p = final_pick(o, space, j)
+    except TriAccelError:
+        pass
+    if p is not None and p.kind == "baseline":
+        print(f"{p.reason}: `export` writes the static baseline {p.row['tags'].get('triaccel.baseline')}")
+    print(phases.words(phases.read(*open_store(uri), name)))
+    print(f"export the best: triaccel export {name} --out tuned.yaml    browse: triaccel ui")
+    return p

@@ -142,13 +142,13 @@ def run_trial(config: dict, space_data: dict, shared: int, gpu_fraction: float, 
 
     from triaccel.search.space import parse_space
 
+    # the space crosses to this worker as the data it was parsed from: parsed here once, for this trial
     space = parse_space(space_data, source=space_data.get("name", "space"))
-    values = space.resolve(config)
-    cfg = space.train_config(values)
-    cfg.tracking.enabled = False  # the driver writes MLflow (one writer for the sqlite store)
-    cfg.evaluate_test = False  # the search selects on the validation split only
+    # the driver writes MLflow (one writer for the sqlite store); the search selects on the validation split
+    fixed = {"tracking.enabled": False, "evaluate_test": False}
     if torch.cuda.is_available() and gpu_fraction < 1:
-        cfg.memory_limit_fraction = gpu_fraction  # Ray's fractional GPUs are bookkeeping: cap for real
+        fixed["memory_limit_fraction"] = gpu_fraction  # Ray's fractional GPUs are bookkeeping: cap for real
+    cfg = space.train_config(space.resolve(config), fixed)
     torch.set_num_threads(trial_threads())
     from triaccel.control import build_trainer
 

@@ -2,7 +2,7 @@
 
 The earlier search's best K feasible trials (by measured efficiency, as its summary ranks them)
 are mapped onto the new space, key by key, and appended to its ``start`` points: Optuna runs
-them first, as the space's own (``runner._constrained_optuna``), and they persist in the saved
+them first, as the space's own (``tuner._constrained_optuna``), and they persist in the saved
 space, so ``resume`` runs them too. Across spaces only the keys both search survive:
 
 - a key the new space does not search is left out (the new space's train settings hold);
@@ -21,7 +21,7 @@ import math
 import sys
 
 from triaccel.errors import ConfigError
-from triaccel.search.space import EPS, SearchSpace, parse_space
+from triaccel.search.space import EPS, SearchSpace
 
 DEFAULT_K = 3
 
@@ -67,15 +67,15 @@ def map_point(values: dict, space: SearchSpace) -> tuple[dict, list[str]]:
 
 def best_rows(name: str, k: int) -> tuple[list[dict], int]:
     """The earlier search's top ``k`` feasible trials (best measured efficiency first), and its trial count."""
-    from triaccel.search.runner import _client, read_outcome, read_state, state_store
+    from triaccel.search.state import open_store, read_outcome, read_state, saved_space, state_store
 
     try:
         state = read_state(name)
     except ConfigError as e:
         raise ConfigError(f"--warm-start {name}: {e}") from None
-    old = parse_space(state["space"], source=state["source"], sha256=state["sha256"])
+    old = saved_space(state)
     uri = state_store(state)
-    _client(uri, write=False)
+    open_store(uri, write=False)
     o = read_outcome(name, old, uri)
     return [x.row for x in o.feasible[:k]], o.trials
 
@@ -87,8 +87,7 @@ def warm_start(space: SearchSpace, name: str, k: int) -> SearchSpace:
     rows, trials = best_rows(name, k)
     if not rows:
         raise ConfigError(f"--warm-start {name}: that search has no feasible finished trial to start from")
-    raw = dict(space.raw)
-    starts = list(raw.get("start") or [])
+    starts = list(space.raw.get("start") or [])
     added = 0
     for r in rows:
         point, notes = map_point(r["values"], space)
@@ -103,10 +102,9 @@ def warm_start(space: SearchSpace, name: str, k: int) -> SearchSpace:
             print(f"{what} kept with changes: {'; '.join(notes)}", file=sys.stderr)
         starts.append(point)
         added += 1
-    raw["start"] = starts
     # the sampler's seed moves on by the earlier search's trials: with the same space and seed the random
     # sampler would draw the earlier search's points again, the ones run as start points among them
-    raw["seed"] = (space.seed + trials) % 2**32
+    seed = (space.seed + trials) % 2**32
     print(f"warm start: {added} of the best {len(rows)} feasible trials of search '{name}' run first; "
-          f"sampler seed {raw['seed']} (the space's {space.seed} + its {trials} trials)", flush=True)
-    return parse_space(raw, source=space.source, sha256=space.sha256, strict=True)
+          f"sampler seed {seed} (the space's {space.seed} + its {trials} trials)", flush=True)
+    return space.with_options(start=starts, seed=seed)

@@ -66,7 +66,7 @@ def _runs(uri, name, role="baseline"):
 def test_a_second_search_reuses_the_baseline_and_fresh_trains_it(tmp_store, capsys):
     """run_baselines as a search calls it, three searches of one space in one store."""
     from triaccel.search.baseline_cache import KEY_TAG, REUSED_FROM, REUSED_SEARCH
-    from triaccel.search.runner import run_baselines
+    from triaccel.search.alone import run_baselines
     from triaccel.search.space import parse_space
 
     space = parse_space(copy.deepcopy(SPACE))
@@ -106,9 +106,9 @@ def test_a_reused_baseline_costs_the_search_no_device_time():
 # --------------------------------------------------------------------------- time by phase
 def test_phase_seconds_add_up_on_the_parent_run_across_resumes(tmp_store):
     from triaccel.search import phases
-    from triaccel.search.runner import _client
+    from triaccel.search.state import open_store
 
-    c, exp = _client(tmp_store)
+    c, exp = open_store(tmp_store)
     phases.add(c, exp, "p", "trials", 5.0)  # no parent run yet: nothing to record it on
     c.create_run(exp, tags={"triaccel.search": "p", "triaccel.role": "parent"})
     assert phases.read(c, exp, "p") == {"baselines": 0.0, "trials": 0.0, "confirm": 0.0}
@@ -196,7 +196,7 @@ def test_the_extended_study_holds_every_earlier_trial_before_its_first_suggestio
     import optuna
 
     from triaccel.search.extend import earlier_trials
-    from triaccel.search.runner import _searcher
+    from triaccel.search.tuner import new_searcher
     from triaccel.search.space import FRAC_SUFFIX, parse_space
 
     space = parse_space(copy.deepcopy(SPACE))
@@ -212,7 +212,7 @@ def test_the_extended_study_holds_every_earlier_trial_before_its_first_suggestio
                                     "triaccel.batch.rho_low"}
     assert space.resolve(seeds[0].params)["triaccel.precision.tau_high"] == pytest.approx(1e-3)
 
-    alg = _searcher(space, seeds).searcher
+    alg = new_searcher(space, seeds).searcher
     config = alg.suggest("new-1")
     assert alg.seen_before_first == 3
     study = alg._ot_study
@@ -254,9 +254,9 @@ def built_on(tmp_path_factory):
     out["a"] = _cli("search", "--space", "space.yaml", "--name", "a", "--storage", str(storage), cwd=d1, store=store)
     assert out["a"].returncode == 0, _said(out["a"])
     from triaccel.search.results import outcome, trial_table
-    from triaccel.search.runner import _client
+    from triaccel.search.state import open_store
 
-    c, exp = _client(store)
+    c, exp = open_store(store)
     o = outcome(trial_table(c, exp, "a"), [], [], SPACE["train"]["epochs"])
     out["a_best2"] = [x.row["values"] for x in o.ranked[:2]]  # what --warm-start a --warm-start-k 2 takes
     out["b"] = _cli("search", "--space", "space.yaml", "--name", "b", "--storage", str(storage),
@@ -291,9 +291,9 @@ def test_the_second_search_trains_no_baseline(built_on):
 @pytest.mark.slow
 def test_warm_start_runs_the_earlier_best_first(built_on):
     from triaccel.search.results import trial_table
-    from triaccel.search.runner import _client
+    from triaccel.search.state import open_store
 
-    c, exp = _client(built_on["store"])
+    c, exp = open_store(built_on["store"])
     best2 = built_on["a_best2"]
     starts = [r["values"] for r in trial_table(c, exp, "b") if r["tags"].get("triaccel.start") == "true"]
     assert len(starts) == 2

@@ -1,5 +1,6 @@
 """The search's MLflow callback against a real sqlite store, driven as Tune drives it on resume,
 without Ray: a trial stands in as the two attributes the callback reads (trial_id, config)."""
+import pickle
 import time
 from types import SimpleNamespace
 
@@ -54,7 +55,7 @@ def test_a_search_saved_before_the_score_defaults_resumes_and_exports_the_paper_
     its policy, is read as written."""
     import json
 
-    from triaccel.search import runner
+    from triaccel.search import state as saved
 
     monkeypatch.setenv("TRIACCEL_TUNE_DIR", str(tmp_path / "tune"))
     rules = lambda cfg: (cfg.triaccel.precision.scale, cfg.triaccel.curvature.method, cfg.triaccel.batch.policy)
@@ -67,7 +68,7 @@ def test_a_search_saved_before_the_score_defaults_resumes_and_exports_the_paper_
         d.mkdir(parents=True)
         (d / "triaccel_search.json").write_text(json.dumps({"name": name, "space": space, "source": "s.yaml",
                                                             "sha256": "", "tracking_uri": "sqlite:///x.db", **extra}))
-        state = runner.read_state(name)
+        state = saved.read_state(name)
         assert rules(parse_space(state["space"]).train_config({})) == want, name
     assert SPACE["train"].get("triaccel") is None  # the caller's dict is not changed
     from triaccel.search.space import pin_controller_defaults
@@ -81,7 +82,8 @@ def test_a_search_saved_before_the_score_defaults_resumes_and_exports_the_paper_
 
     cb = _callback(tmp_path)
     assert rules(cb.space.train_config({})) == ("relative", "fisher", "score")
-    del cb.controller_defaults  # as unpickled from an older search's Tune state
+    del cb.controller_defaults
+    cb = pickle.loads(pickle.dumps(cb))  # as unpickled from an older search's Tune state
     assert rules(cb.space.train_config({})) == ("absolute", "power", "paper")
 
 

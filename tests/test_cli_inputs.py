@@ -429,7 +429,7 @@ def test_provenance_is_an_artifact_never_params(tmp_path, monkeypatch):
 def test_a_relative_store_is_recorded_absolute_and_reading_a_missing_store_creates_none(tmp_path, monkeypatch):
     """The search state kept sqlite:///mlruns/mlflow.db, read against the current folder: `searches` and
     `export` run elsewhere (TRIACCEL_TUNE_DIR) reported 0 trials, and created an empty store there."""
-    from triaccel.search.runner import absolute_store
+    from triaccel.search.state import absolute_store
     from triaccel.tracking import client
 
     monkeypatch.chdir(tmp_path)
@@ -451,7 +451,7 @@ def test_betas_in_yaml_exponent_form_are_numbers():
 @pytest.mark.parametrize("value", ["abc", "0", "-2", "1.5"])
 def test_trial_threads_variable_is_checked_by_the_driver(monkeypatch, value):
     """TRIACCEL_TRIAL_THREADS=abc failed inside every trial; the driver says it once, before the search starts."""
-    from triaccel.search.runner import check_resources
+    from triaccel.search.cluster import check_resources
     from triaccel.search.space import load_space
 
     monkeypatch.setenv("TRIACCEL_TRIAL_THREADS", value)
@@ -500,7 +500,7 @@ def test_a_model_name_typo_with_resize_is_said_as_unknown_model(capsys):
 def test_a_saved_relative_store_is_read_beside_its_tune_folder_and_reads_make_no_folder(tmp_path, monkeypatch):
     """A search saved before stores were recorded absolute holds sqlite:///mlruns/mlflow.db: read from another
     folder (TRIACCEL_TUNE_DIR) it was another, empty store, and export made an empty mlruns/ here."""
-    from triaccel.search.runner import state_store
+    from triaccel.search.state import state_store
     from triaccel.tracking import client
 
     monkeypatch.setenv("TRIACCEL_TUNE_DIR", str(tmp_path / "proj" / "mlruns" / "tune"))

@@ -99,9 +99,9 @@ def test_trainable_reports_the_same_rule_to_asha_and_optuna():
 
 
 def test_summary_cells_show_categorical_choices_as_they_are():
-    from triaccel.search.runner import _cell
+    from triaccel.search.summary import cell
 
-    assert _cell(0.123456) == "0.123" and _cell("none") == "none" and _cell(96) == "96" and _cell(None) == "None"
+    assert cell(0.123456) == "0.123" and cell("none") == "none" and cell(96) == "96" and cell(None) == "None"
 
 
 def test_the_ratio_says_what_it_is_made_of():

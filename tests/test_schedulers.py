@@ -58,7 +58,7 @@ def test_sampled_trials_are_cut_as_by_rays_asha(cls):
 def test_the_searcher_marks_its_start_point_trials_and_only_those():
     """A start point that sets one key (the others sampled) marks the trial Optuna ran from it,
     not every sampled trial that drew the same value for that key."""
-    from triaccel.search.runner import _searcher
+    from triaccel.search.tuner import new_searcher
     from triaccel.search.space import parse_space
 
     space = parse_space({
@@ -67,7 +67,7 @@ def test_the_searcher_marks_its_start_point_trials_and_only_those():
         "params": {"optim.lr": {"distribution": "loguniform", "low": 1e-3, "high": 1.0},
                    "checkpointing": {"distribution": "categorical", "choices": [False, True]}},
         "start": [{"checkpointing": True}, {"optim.lr": 0.01, "checkpointing": False}]}, source="t.yaml")
-    alg = _searcher(space)
+    alg = new_searcher(space)
     configs = [alg.suggest(f"t{i}") for i in range(12)]
     marked = [i for i, c in enumerate(configs) if c.get(START)]
     assert marked == [0, 1], configs

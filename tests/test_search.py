@@ -144,7 +144,7 @@ def test_parent_run_carries_best_importances_and_plot(searched):
     _, bases = trial_runs(d, "t1", role="baseline")
     assert len(bases) == 1 and bases[0].info.status == "FINISHED"  # the search trained its baseline
     from triaccel.search import results as R
-    from triaccel.search.runner import read_outcome, read_state
+    from triaccel.search.state import read_outcome, read_state
     from triaccel.search.space import parse_space
 
     os.environ["TRIACCEL_TUNE_DIR"] = str(d / "mlruns" / "tune")
@@ -230,33 +230,33 @@ def test_listing_and_name_collision_lose_nothing(searched):
 
 
 def test_confirm_defaults_to_top_three_only_when_trials_shared_a_gpu(monkeypatch):
-    from triaccel.search import runner
+    from triaccel.search import alone, cluster
 
-    assert runner.default_confirm(2, shared=4) == 2 and runner.default_confirm(0, shared=4) == 0  # as asked
-    assert runner.default_confirm(None, shared=4) == (3 if runner._gpu_count() > 0 else 0)
-    monkeypatch.setattr(runner, "_gpu_count", lambda: 1)  # the decision on a GPU machine (none in CI)
-    assert runner.default_confirm(None, shared=4) == runner.CONFIRM_WHEN_SHARED == 3
-    assert runner.default_confirm(None, shared=1) == 0  # one trial at a time: already measured alone
+    assert alone.default_confirm(2, shared=4) == 2 and alone.default_confirm(0, shared=4) == 0  # as asked
+    assert alone.default_confirm(None, shared=4) == (3 if cluster.gpu_count() > 0 else 0)
+    monkeypatch.setattr(cluster, "gpu_count", lambda: 1)  # the decision on a GPU machine (none in CI)
+    assert alone.default_confirm(None, shared=4) == alone.CONFIRM_WHEN_SHARED == 3
+    assert alone.default_confirm(None, shared=1) == 0  # one trial at a time: already measured alone
 
 
 def test_a_cpu_space_on_a_gpu_machine_asks_for_no_gpu(monkeypatch):
     """A space whose train.device is cpu, searched on a GPU machine: each trial asked Ray for a share of a
     GPU it never used (its trials ran a GPU's worth at a time) and was accounted as sharing the GPU."""
     from triaccel.errors import ConfigError
-    from triaccel.search import runner
+    from triaccel.search import alone, cluster, tuner
     from triaccel.search.space import parse_space
 
-    monkeypatch.setattr(runner, "_gpu_count", lambda: 1)  # a GPU machine (none in CI)
+    monkeypatch.setattr(cluster, "gpu_count", lambda: 1)  # a GPU machine (none in CI)
     cpu = parse_space(dict(SPACE, concurrency=2, gpus_per_trial=4))  # more GPUs than the machine has: not asked
     gpu = parse_space(dict(SPACE, concurrency=8, gpus_per_trial=0.25, train=dict(SPACE["train"], device="auto")))
-    assert not runner.on_gpu(cpu) and runner.on_gpu(gpu)
-    runner.check_resources(cpu, None)
+    assert not cluster.on_gpu(cpu) and cluster.on_gpu(gpu)
+    cluster.check_resources(cpu, None)
     with pytest.raises(ConfigError, match="gpus_per_trial: 4 is more than this machine's 1 GPUs"):
-        runner.check_resources(parse_space(dict(SPACE, gpus_per_trial=4, train=dict(SPACE["train"], device="cuda"))),
+        cluster.check_resources(parse_space(dict(SPACE, gpus_per_trial=4, train=dict(SPACE["train"], device="cuda"))),
                                None)
-    assert runner.shared_trials(cpu) == min(2, os.cpu_count()) and runner.shared_trials(gpu) == 4
-    assert runner.gpu_share(cpu, 2) == 0.5 and runner.gpu_share(gpu, 4) == 0.25
-    res = lambda sp: runner._trainable(sp, 2, None)  # noqa: E731 -- what Tune asks Ray for, per trial
+    assert cluster.shared_trials(cpu) == min(2, os.cpu_count()) and cluster.shared_trials(gpu) == 4
+    assert cluster.gpu_share(cpu, 2) == 0.5 and cluster.gpu_share(gpu, 4) == 0.25
+    res = lambda sp: tuner.trial_trainable(sp, 2, None)  # noqa: E731 -- what Tune asks Ray for, per trial
     from ray.tune.execution.placement_groups import PlacementGroupFactory
 
     def asks(sp):  # a trainable class (search.trainable.trial_class) asks through default_resource_request
@@ -266,7 +266,7 @@ def test_a_cpu_space_on_a_gpu_machine_asks_for_no_gpu(monkeypatch):
         return dict(r)
     assert "GPU" not in asks(cpu) and "gpu" not in asks(cpu)
     assert (asks(gpu).get("GPU") or asks(gpu).get("gpu")) == 0.25
-    assert runner.default_confirm(None, 4, runner.on_gpu(cpu)) == 0  # trials shared cores, not a GPU
+    assert alone.default_confirm(None, 4, cluster.on_gpu(cpu)) == 0  # trials shared cores, not a GPU
 
 
 def _searcher_trials(d, name):
@@ -544,10 +544,11 @@ def test_confirm_and_second_look_runs_a_crash_cut_short_are_closed_killed(tmp_pa
     """A driver killed mid confirm or second look left that run RUNNING beside the one `resume`
     ran again, for good; they are closed KILLED before the confirm step starts (as baselines are),
     and other searches' runs and finished runs are left as they are."""
-    from triaccel.search.runner import _client, _close_cut_short
+    from triaccel.search.alone import close_cut_short
+    from triaccel.search.state import open_store
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    c, exp = _client(uri)
+    c, exp = open_store(uri)
     ids = {}
     for search, role, done in [("a", "recheck", False), ("a", "confirm", False), ("a", "recheck", True),
                                ("a", "trial", False), ("b", "recheck", False)]:
@@ -555,7 +556,7 @@ def test_confirm_and_second_look_runs_a_crash_cut_short_are_closed_killed(tmp_pa
         if done:
             c.set_terminated(r.info.run_id, status="FINISHED")
         ids[(search, role, done)] = r.info.run_id
-    _close_cut_short("a", uri)
+    close_cut_short("a", uri)
     status = {k: c.get_run(v).info.status for k, v in ids.items()}
     assert status == {("a", "recheck", False): "KILLED", ("a", "confirm", False): "KILLED",
                       ("a", "recheck", True): "FINISHED", ("a", "trial", False): "RUNNING",

@@ -244,7 +244,7 @@ import os, signal, sys
 from triaccel.cli import main
 from triaccel.search import runner
 
-real_tuner = runner._tuner
+real_tuner = runner.new_tuner
 
 
 def tuner_then_die(*args, **kwargs):
@@ -252,7 +252,7 @@ def tuner_then_die(*args, **kwargs):
     os.killpg(os.getpgrp(), signal.SIGKILL)  # the driver and its local Ray: no chance to clean up
 
 
-runner._tuner = tuner_then_die
+runner.new_tuner = tuner_then_die
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -391,10 +391,11 @@ def test_tune_state_planning_fewer_trials_than_the_space_is_refused_in_one_line(
     one line saying what to do, instead of running nothing and promising `resume` again."""
     tune_dir = _kill_in_tune_start_up(tmp_path, "f")
     # what `triaccel resume` did before the fix, run for real: Tune restores tuner.pkl alone
-    old_resume = ("import sys\nfrom ray import tune\nfrom triaccel.search.runner import _init_ray, _trainable, read_state\n"
+    old_resume = ("import sys\nfrom ray import tune\nfrom triaccel.search.cluster import init_ray\n"
+                  "from triaccel.search.state import read_state\nfrom triaccel.search.tuner import trial_trainable\n"
                   "from triaccel.search.space import parse_space\nst = read_state('f')\n"
-                  "sp = parse_space(st['space'], source=st['source'], sha256=st['sha256'])\n_init_ray(None)\n"
-                  "tune.Tuner.restore(sys.argv[1], trainable=_trainable(sp, st['shared'], None), "
+                  "sp = parse_space(st['space'], source=st['source'], sha256=st['sha256'])\ninit_ray(None)\n"
+                  "tune.Tuner.restore(sys.argv[1], trainable=trial_trainable(sp, st['shared'], None), "
                   "resume_unfinished=True).fit()\n")
     r = subprocess.run([sys.executable, "-c", old_resume, str(tune_dir)], cwd=tmp_path, capture_output=True,
                        text=True, timeout=300, env=_env())
@@ -644,15 +645,15 @@ def test_ctrl_c_wrapped_by_a_library_is_still_a_stopped_search(tmp_path):
     KILLED, the line naming `resume`), not a traceback with runs left RUNNING (train did that once
     in CI; the search had the same path). A real sqlite store."""
     from triaccel.errors import Interrupted
-    from triaccel.search import runner
+    from triaccel.search import signals, state
     from triaccel.search.callbacks import TAG_SEARCH
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    c, exp = runner._client(uri)
+    c, exp = state.open_store(uri)
     run = c.create_run(exp, tags={TAG_SEARCH: "w"}).info.run_id
     other = c.create_run(exp, tags={TAG_SEARCH: "someone-else"}).info.run_id
     with pytest.raises(Interrupted, match=r"search 'w' stopped before it finished: `triaccel resume w`"):
-        with runner.interruptible("w", uri):
+        with signals.interruptible("w", uri):
             try:
                 raise KeyboardInterrupt
             except KeyboardInterrupt as e:  # what sqlalchemy does with an interrupt mid-statement
@@ -664,7 +665,7 @@ def test_ctrl_c_wrapped_by_a_library_is_still_a_stopped_search(tmp_path):
 
     # any other error is a failed search, not a stop: one line naming the cause and `resume`, its runs KILLED
     with pytest.raises(TriAccelError, match=r"search 'w' stopped: not an interrupt; `triaccel resume w`") as e:
-        with runner.interruptible("w", uri):
+        with signals.interruptible("w", uri):
             raise RuntimeError("not an interrupt")
     assert not isinstance(e.value, Interrupted) and c.get_run(run).info.status == "KILLED"
 
@@ -677,12 +678,12 @@ def test_a_full_disk_met_while_stopping_is_said_as_full(tmp_path):
     import errno
 
     from triaccel.errors import Interrupted, TriAccelError
-    from triaccel.search import runner
+    from triaccel.search import signals, state
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    runner._client(uri)
+    state.open_store(uri)
     with pytest.raises(TriAccelError, match=r"search 'w' stopped: a disk it writes is full") as ei:
-        with runner.interruptible("w", uri):
+        with signals.interruptible("w", uri):
             try:
                 raise KeyboardInterrupt
             except KeyboardInterrupt:

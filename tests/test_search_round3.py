@@ -320,13 +320,13 @@ def test_only_a_signal_that_reached_tune_makes_a_search_with_trials_left_interru
     from ray.tune.tune import _setup_signal_catching
 
     from triaccel.errors import Interrupted
-    from triaccel.search import runner
+    from triaccel.search import signals, tuner
 
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     try:
-        with runner.own_signals() as quiet:
+        with signals.own_signals() as quiet:
             _setup_signal_catching()  # what fit() does first; it returns with the handler in place
-        with runner.own_signals() as stopped:
+        with signals.own_signals() as stopped:
             _setup_signal_catching()
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C during fit(): Tune's handler takes it
             time.sleep(0.05)
@@ -337,14 +337,14 @@ def test_only_a_signal_that_reached_tune_makes_a_search_with_trials_left_interru
     assert quiet.stopped is False and stopped.stopped is True
     assert after is saved[signal.SIGINT]  # own_signals put the handler from before fit() back
 
-    monkeypatch.setattr(runner, "left_to_run", lambda name, planned: 1)  # the saved state lags: one trial RUNNING
-    runner.check_finished("s", 3, stopped=False)  # no signal: Tune's loop ended because every trial had
+    monkeypatch.setattr(tuner, "left_to_run", lambda name, planned: 1)  # the saved state lags: one trial RUNNING
+    tuner.check_finished("s", 3, stopped=False)  # no signal: Tune's loop ended because every trial had
     with pytest.raises(Interrupted, match="1 of 3 trials left"):
-        runner.check_finished("s", 3, stopped=True)
+        tuner.check_finished("s", 3, stopped=True)
     with pytest.raises(Interrupted):  # not known (TUNE_DISABLE_SIGINT_HANDLER): the saved state decides
-        runner.check_finished("s", 3, stopped=None)
+        tuner.check_finished("s", 3, stopped=None)
     monkeypatch.setenv("TUNE_DISABLE_SIGINT_HANDLER", "1")
-    assert runner.tune_saw_a_signal(signal.default_int_handler) is None
+    assert signals.tune_saw_a_signal(signal.default_int_handler) is None
 
 
 def _training_workers(sid: int) -> list[int]:

@@ -339,3 +339,40 @@ def test_production_epochs_and_judge_seeds_are_read_and_bad_values_named():
                           ("production_epochs", "8", "must be int"), ("judge_seeds", 1, r"must be in \[2, 20\]")):
         with pytest.raises(ConfigError, match=f"^<dict>: {key}: {why}"):
             parse_space(dict(base, **{key: bad}))
+
+
+def test_a_parsed_space_is_frozen_and_an_override_is_a_new_checked_space():
+    import dataclasses
+
+    s = parse_space(_with(params=dict(_TAU), start=[{"triaccel.precision.tau_low": 60.0}]), source="s.yaml")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.trials = 3
+    with pytest.raises(TypeError):
+        s.params["optim.lr"] = None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.params["triaccel.precision.tau_low"].high = 1.0
+    s.train["epochs"], s.raw["trials"] = 99, 99  # copies: the space is as parsed
+    assert s.train["epochs"] == 2 and "trials" not in s.raw and s.trials == 12
+    t = s.with_options(trials=3, seed=7)
+    assert (t.trials, t.seed, t.raw["trials"], t.raw["seed"]) == (3, 7, 3, 7) and (s.trials, s.seed) == (12, 0)
+    assert t.start == s.start and t.source == "s.yaml"
+    with pytest.raises(ConfigError, match=r"^s.yaml: trials: must be in \[1, 10000\]$"):
+        s.with_options(trials=0)
+
+
+@pytest.mark.parametrize("params,match", [
+    # an ordered key's bound is judged by its own rules, its order against the partner's range
+    ({"triaccel.batch.rho_high": {"distribution": "uniform", "low": 0.5, "high": 1.5}},
+     r"params.triaccel.batch.rho_high: bound 1.5 is not a valid value: .*rho_high: must be in"),
+    ({"triaccel.precision.tau_low": {"distribution": "uniform", "low": -1.0, "high": 5.0}},
+     r"params.triaccel.precision.tau_low: bound -1.0 is not a valid value: .*tau_low: must be > 0"),
+    ({"optim.lrr": {"distribution": "uniform", "low": 0.1, "high": 0.2}},
+     r"params.optim.lrr: not a training config key \(optim.lrr: unknown key"),
+])
+def test_a_bound_is_judged_by_its_value_not_by_its_partner(params, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_space(_with(params=params), source="s.yaml")
+    # bounds of a pair key beyond the partner's fixed or default value: the order is the partner range's to judge
+    ok = {"triaccel.batch.rho_low": {"distribution": "uniform", "low": 0.5, "high": 0.9},
+          "triaccel.precision.tau_high": {"distribution": "loguniform", "low": 1e-3, "high": 1e5}}
+    parse_space(_with(params=ok, train={"epochs": 2, "triaccel": {"precision": {"tau_low": 1.0}}}), source="s.yaml")

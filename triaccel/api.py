@@ -200,7 +200,8 @@ def _space_name(path: str) -> str:
 def resume(name: str, model: Callable | str | None = None, data: Callable | str | None = None,
            address: str | None = None, confirm: int | None = None) -> SearchResult:
     """Continue a stopped search; a search started with functions that have no import path needs them again."""
-    from triaccel.search.runner import read_state, resume_search
+    from triaccel.search.runner import resume_search
+    from triaccel.search.state import read_state
     from triaccel.userdef import CALLABLES, is_callable_ref
 
     train = read_state(name)["space"].get("train") or {}
@@ -215,8 +216,8 @@ def outcome(name: str, out: dict | None = None) -> SearchResult:
     """A finished search read back: its pick as `export` writes it, its baselines and run ids."""
     import yaml
 
-    from triaccel.search.runner import export, read_outcome, read_state, state_store
-    from triaccel.search.space import parse_space
+    from triaccel.search.export import export
+    from triaccel.search.state import read_outcome, read_state, saved_space, state_store
 
     with tempfile.TemporaryDirectory(prefix="triaccel-export-") as d:
         try:
@@ -228,7 +229,7 @@ def outcome(name: str, out: dict | None = None) -> SearchResult:
     prov = best.get("provenance") or {}
     state = read_state(name)
     uri = state_store(state)
-    o = read_outcome(name, parse_space(state["space"], source=state["source"], sha256=state["sha256"]), uri)
+    o = read_outcome(name, saved_space(state), uri)
     bases = [{"run": b["tags"].get("triaccel.baseline"), "run_id": b["run_id"],
               "efficiency": b["metrics"].get("efficiency"), "val_acc": b["metrics"].get("val_acc")}
              for b in o.baselines]
