@@ -423,3 +423,193 @@ def test_a_server_restart_mid_search_ends_in_one_line_or_rides_through_and_resum
                                                                        r.stdout[-2000:], r.stderr[-3000:])
         assert_complete(server.uri, "rs", space["trials"], space["train"]["epochs"])
         assert no_traceback(server.logs()), server.logs()[-3000:]
+
+
+# --------------------------------------------------------------------------- a two-node Ray cluster
+def _ray_cmd() -> list[str]:
+    """The `ray` of this interpreter: its nodes start their workers with the interpreter that ran `ray start`,
+    and only this one imports this triaccel (a `ray` on PATH, a pyenv shim, runs another Python)."""
+    own = Path(sys.executable).parent / "ray"
+    return [str(own)] if own.exists() else [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]
+
+
+def _mentions(proc: Path, text: bytes) -> bool:
+    """Whether a process names ``text`` in its command line or holds a file under it open (Ray's agents
+    retitle themselves, ray::DashboardAgent, but keep their log files in the session folder open)."""
+    if text in (proc / "cmdline").read_bytes():
+        return True
+    for fd in (proc / "fd").iterdir():
+        with contextlib.suppress(OSError):
+            if text in os.readlink(fd).encode():
+                return True
+    return False
+
+
+def _kill_cluster(temp: Path, groups: list[int], timeout=60):
+    """SIGKILL this cluster's processes: the process groups its `ray start`s began, and any process that
+    names its temp folder, until none is left. Not `ray stop --force`: that stops every Ray of the machine,
+    other tests' and other users' too."""
+    for g in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(g, signal.SIGKILL)
+    text = str(temp).encode()
+
+    def matching():
+        found = []
+        for proc in Path("/proc").glob("[0-9]*"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                pid = int(proc.name)
+                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid pgrp
+                if pid != os.getpid() and fields[0] != "Z" and (int(fields[2]) in groups or _mentions(proc, text)):
+                    found.append(pid)
+        return found
+
+    deadline = time.monotonic() + timeout
+    while (pids := matching()) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+    assert not matching(), f"Ray processes of {temp} outlived SIGKILL: {matching()}"
+
+
+class TwoNodeCluster:
+    """`ray start --head` and a second `ray start --address` on this host: two raylets, one CPU each, each
+    with its own custom resource (node_a, node_b) so the test can tell them apart."""
+
+    def __init__(self):
+        # a short folder: Ray's socket paths under it must stay below the OS's 107 characters
+        self.temp = Path(tempfile.mkdtemp(prefix="tri-ray-", dir="/tmp"))
+        self.port = _free_port()
+        self.address = None
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+        self.groups: list[int] = []
+
+    def _ray(self, *args, timeout=180):
+        # its own process group, which the daemons it leaves behind keep: stop() ends them by it
+        p = subprocess.Popen([*_ray_cmd(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=self.env, start_new_session=True)
+        self.groups.append(p.pid)
+        out, err = p.communicate(timeout=timeout)
+        assert p.returncode == 0, (args, out[-2000:], err[-3000:])
+        return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+    def start(self):
+        # a token on the machine (any earlier local ray.init writes one): `ray start` then turns token auth
+        # on, as it will for a user, and the search joins through it
+        subprocess.run([*_ray_cmd(), "get-auth-token", "--generate"], capture_output=True, timeout=120, env=self.env)
+        r = self._ray("start", "--head", f"--port={self.port}", "--num-cpus=1", "--resources={\"node_a\": 1}",
+                      "--include-dashboard=false", f"--temp-dir={self.temp}", "--disable-usage-stats")
+        printed = re.search(r"--address='([^']+)'", r.stdout + r.stderr)
+        assert printed, (r.stdout + r.stderr)[-2000:]
+        self.address = printed.group(1)
+        if (Path.home() / ".ray" / "auth_token").is_file():
+            self.env["RAY_AUTH_MODE"] = "token"  # the head turned token auth on: a joining node sends the token
+        self._ray("start", f"--address={self.address}", "--num-cpus=1", "--resources={\"node_b\": 1}",
+                  f"--temp-dir={self.temp}", "--disable-usage-stats")
+
+    def nodes(self) -> dict:
+        """{node id: its resources} of the live nodes, as Ray's GCS lists them."""
+        env = dict(self.env)
+        if (Path.home() / ".ray" / "auth_token").is_file():
+            env["RAY_AUTH_MODE"] = "token"
+        code = ("import json, ray; ray.init(address=%r, include_dashboard=False, logging_level='ERROR');"
+                "print('NODES=' + json.dumps({n['NodeID']: n['Resources'] for n in ray.nodes() if n['Alive']}))"
+                % self.address)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
+        line = next((ln for ln in r.stdout.splitlines() if ln.startswith("NODES=")), None)
+        assert line, (r.stdout[-2000:], r.stderr[-3000:])
+        return json.loads(line[len("NODES="):])
+
+    def stop(self):
+        _kill_cluster(self.temp, self.groups)
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+@pytest.fixture
+def two_nodes():
+    cluster = TwoNodeCluster()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _searcher_trials(tune_dir: Path):
+    """Optuna's own trial list, from the newest searcher state Tune saved beside the experiment."""
+    import pickle
+
+    files = sorted(tune_dir.glob("searcher-state-*.pkl"))
+    assert files, "no searcher state"
+    with open(files[-1], "rb") as f:
+        state = pickle.load(f)
+
+    def find_study(obj, depth=0):
+        if depth > 4:
+            return None
+        if type(obj).__name__ == "Study":
+            return obj
+        items = obj.items() if isinstance(obj, dict) else getattr(obj, "__dict__", {}).items()
+        for _, v in items:
+            s = find_study(v, depth + 1)
+            if s is not None:
+                return s
+        return None
+
+    study = find_study(state)
+    assert study is not None
+    return study.get_trials(deepcopy=False)
+
+
+@pytest.mark.ray_cluster
+def test_a_search_on_two_nodes_uses_both_and_resumes_after_its_driver_is_killed(two_nodes, tmp_path):
+    trials, epochs = 6, 2
+    space = dict(SPACE, name="cluster", trials=trials, concurrency=2, train=dict(SPACE["train"], epochs=epochs))
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    log = tmp_path / "search.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name",
+                                 "c", "--confirm", "0", "--address", two_nodes.address], cwd=tmp_path, stdout=out,
+                                stderr=subprocess.STDOUT, env=env_for(None), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 900
+        finished = []
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(1)
+            if "triaccel search 'c':" not in log.read_text():
+                continue  # the driver prints it once it has created the store: opening it sooner races that
+            _, runs = runs_of(uri, "c", "trial")
+            finished = [r for r in runs if r.info.status == "FINISHED"]
+            if len(finished) >= 2:
+                break
+        assert proc.poll() is None, f"search ended before the kill ({proc.returncode}): {log.read_text()[-3000:]}"
+        assert len(finished) >= 2, "search too slow to reach two finished trials"
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver alone: the cluster, and the trials on it, are not its
+        proc.wait(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    before_end = {r.info.run_id: r.info.end_time for r in finished}
+    time.sleep(5)  # the cluster notices its driver gone and ends that job's trial actors
+
+    r = cli("resume", "c", "--address", two_nodes.address, cwd=tmp_path, env=env_for(None))
+    assert r.returncode == 0 and no_traceback(r.stdout + r.stderr), (r.stdout[-2000:], r.stderr[-3000:])
+    runs = assert_complete(uri, "c", trials, epochs)
+    for x in runs:
+        if x.info.run_id in before_end:  # finished before the kill: not re-run
+            assert x.info.end_time == before_end[x.info.run_id]
+    import optuna
+
+    study = _searcher_trials(tmp_path / "mlruns" / "tune" / "c")
+    complete = [t for t in study if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(complete) == trials and len(study) == trials  # Optuna's history: every trial once
+    # the trials ran on both nodes: each run names its node, and the two nodes are the cluster's two
+    nodes = two_nodes.nodes()
+    assert len(nodes) == 2, nodes
+    where = [x.data.tags.get("triaccel.ray_node_id") for x in runs]
+    assert all(where) and set(where) <= set(nodes), (where, nodes)
+    kinds = {next(k for k in nodes[n] if k in ("node_a", "node_b")) for n in where}
+    assert kinds == {"node_a", "node_b"}, (where, nodes)
