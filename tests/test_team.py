@@ -613,3 +613,30 @@ def test_a_search_on_two_nodes_uses_both_and_resumes_after_its_driver_is_killed(
     assert all(where) and set(where) <= set(nodes), (where, nodes)
     kinds = {next(k for k in nodes[n] if k in ("node_a", "node_b")) for n in where}
     assert kinds == {"node_a", "node_b"}, (where, nodes)
+
+
+# --------------------------------------------------------------------------- --storage URIs
+def test_storage_takes_a_uri_pyarrow_opens_and_refuses_others_in_one_line(tmp_path):
+    """A search with its state at a local:// URI (pyarrow's other name for the local file system), listed
+    from another folder through file://; an unknown scheme and pyarrow's in-memory mock:// are one line
+    each, exit non-zero, nothing written."""
+    work, other, state = tmp_path / "w", tmp_path / "o", tmp_path / "state"
+    work.mkdir()
+    other.mkdir()
+    space = dict(SPACE, name="st", trials=2, concurrency=2)
+    (work / "space.yaml").write_text(yaml.safe_dump(space))
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    for uri, why in (("nosuch://x", "not a file system pyarrow can open"), ("mock:///tune", "mount it")):
+        r = cli("search", "--space", "space.yaml", "--name", "st", "--storage", uri, cwd=work, env=env_for(store))
+        said = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode != 0 and len(said) == 1 and no_traceback(r.stderr), (uri, r.stderr[-2000:])
+        assert said[0].startswith(f"triaccel: error: --storage {uri}: ") and why in said[0], said
+        assert sorted(p.name for p in work.iterdir()) == ["space.yaml"] and not state.exists()  # nothing written
+        assert not Path(f"{tmp_path}/mlflow.db").exists()
+    r = cli("search", "--space", "space.yaml", "--name", "st", "--confirm", "0", "--storage", f"local://{state}",
+            cwd=work, env=env_for(store))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (state / "st").is_dir() and not (work / "mlruns" / "tune").exists()  # the state went to the URI
+    r = cli("searches", "--storage", f"file://{state}", cwd=other, env=env_for(store))
+    assert r.returncode == 0 and "st" in {ln.split()[0] for ln in r.stdout.splitlines()[1:] if ln.strip()}, r.stdout
+    assert_complete(store, "st", 2, SPACE["train"]["epochs"])
