@@ -386,6 +386,26 @@ def test_the_ui_reads_both_searches(two_searches):
         assert [m["step"] for m in hist] == list(range(1, SPACE["train"]["epochs"] + 1))
 
 
+# --------------------------------------------------------------------------- a PostgreSQL store used directly
+def test_first_clients_of_a_new_postgres_store_do_not_race_and_a_bad_one_is_one_line(postgres, tmp_path):
+    """Without a server (MLFLOW_TRACKING_URI=postgresql+psycopg2://...) every process is a first client of the
+    database: three at once on a new one all work (MLflow alone: one fails with a duplicate key while both
+    create the tables), and the schema is migrated once. A database that cannot be reached is one line."""
+    uri = postgres.create_db("mlflow_direct")
+    code = "from triaccel.tracking import client; client(%r).search_experiments(); print('usable')" % uri
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=env_for(None)) for _ in range(3)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 and "usable" in o and no_traceback(o) for p, o in zip(procs, outs)), outs
+    assert len(postgres.query("mlflow_direct", "SELECT version_num FROM alembic_version")) == 1
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
+    bad = f"postgresql+psycopg2://{postgres.user}@127.0.0.1:{_free_port()}/mlflow"
+    r = cli("search", "--space", "space.yaml", cwd=tmp_path, env=env_for(bad), timeout=300)
+    said = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode != 0 and len(said) == 1 and said[0].startswith("triaccel: error: MLFLOW_TRACKING_URI"), said
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["space.yaml"]  # nothing written
+
+
 # --------------------------------------------------------------------------- the server restarted mid-search
 def test_a_server_restart_mid_search_ends_in_one_line_or_rides_through_and_resume_finishes(postgres, tmp_path):
     space = dict(SPACE, name="restart", trials=4, train=dict(SPACE["train"], epochs=2))
