@@ -23,6 +23,9 @@ from triaccel.errors import ConfigError
 from triaccel.trainer import Callback
 
 DEFAULT_URI = "sqlite:///mlruns/mlflow.db"
+# Against an MLflow server, MLflow prints two link lines (run, experiment) each time a run ends: a search's
+# console is one line per trial, and the summary names the runs. Your own setting wins.
+os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 NUMERIC = (int, float)
 
 
