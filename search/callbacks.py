@@ -19,10 +19,12 @@ from ray.tune import Callback
 
 from triaccel.config import flatten
 from triaccel.search.space import CONTROLLER_DEFAULTS, START
+from triaccel.search.trainable import NODE_KEY
 from triaccel.tracking import client as make_client
 from triaccel.tracking import ensure_experiment, git_revision, log_metrics, log_params, log_yaml_artifact
 
 TAG_SEARCH, TAG_ROLE, TAG_TRIAL = "triaccel.search", "triaccel.role", "triaccel.trial_id"
+NODE_TAG = "triaccel.ray_node_id"  # the Ray node a trial trained on (its last, if a resume moved it)
 
 
 def failure_reason(trial) -> str:
@@ -63,8 +65,9 @@ class MLflowSearchCallback(Callback):
         """This process's client and caches: never pickled, rebuilt empty on unpickling (a callback
         pickled by an older version lacks the newer ones)."""
         return {"_client": None, "_exp_id": None, "_parent": None, "_runs": {}, "_last_step": {},
-                # _closed: trials whose runs a killed search had already closed FINISHED; _space: parsed once
-                "_closed": set(), "_space": None}
+                # _closed: trials whose runs a killed search had already closed FINISHED; _space: parsed once;
+                # _node: the Ray node each trial ran on
+                "_closed": set(), "_space": None, "_node": {}}
 
     def _reset(self):
         self.__dict__.update(self._fresh())
@@ -157,6 +160,11 @@ class MLflowSearchCallback(Callback):
         metrics["wall_s"] = float(result.get("time_total_s", 0.0))  # the trial's time so far, restores included
         metrics["gpu_share"] = getattr(self, "gpu_share", 1.0)
         log_metrics(self.client, rid, metrics, step=step)
+        node = result.get(NODE_KEY)
+        if node and self._node.get(trial.trial_id) != node:
+            # where it trained (the last node, if a resume moved it): a cluster's placement, checkable per run
+            self.client.set_tag(rid, NODE_TAG, node)
+            self._node[trial.trial_id] = node
         self._last_step[trial.trial_id] = step
 
     def on_trial_complete(self, iteration, trials, trial, **info):

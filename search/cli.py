@@ -157,7 +157,8 @@ def cmd_ui(args) -> int:
     os.execv(sys.executable, cmd)
 
 
-STORAGE_HELP = "folder (or file:// URI) holding the searches' Tune state (default mlruns/tune, or TRIACCEL_TUNE_DIR)"
+STORAGE_HELP = ("folder, or a URI pyarrow opens as one (file:///folder, local:///folder), holding the searches' Tune "
+                "state (default mlruns/tune, or TRIACCEL_TUNE_DIR); remote storage is used mounted")
 # the score every search ranks by (triaccel.metrics.efficiency_score), said once in --help and the summary
 SCORE = ("eff is the paper's efficiency score (§4.2): validation accuracy (%) / (epoch time (s) x peak GPU memory "
          "(GB) x 100) x 100, the epoch time the mean of the last five epochs; higher is better.")

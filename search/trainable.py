@@ -56,6 +56,7 @@ class TuneReporter(Callback):
         out.update(accuracy_terms(out, self.ref_curve, self.margin))
         out["shared_trials"] = self.shared
         out["first_epoch_peak_mem_gib"] = trainer.history.epochs[0]["peak_mem_gib"]
+        out[NODE_KEY] = ray_node_id()
         with tempfile.TemporaryDirectory() as d:
             trainer.save(Path(d) / "trainer.pt")
             (Path(d) / "config.yaml").write_text(yaml.safe_dump(to_dict(trainer.cfg), sort_keys=False))
@@ -68,6 +69,18 @@ class TuneReporter(Callback):
 
 
 ITERATION_FILE = "iteration.json"
+# The Ray node a trial's epoch ran on, in each result: the driver tags the trial's MLflow run with it
+# (Tune's own node_ip is the same for two nodes of one host; a resumed trial may move to another node).
+NODE_KEY = "ray_node_id"
+
+
+def ray_node_id() -> str:
+    import ray
+
+    try:
+        return ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001 - outside a Ray worker: no node to name
+        return ""
 
 
 def restore_newest(result):

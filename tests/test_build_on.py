@@ -344,8 +344,11 @@ def test_storage_names_a_folder_or_says_why_not(tmp_path):
 
     assert storage_root(str(tmp_path / "new")) == tmp_path / "new"  # made by the search that writes it
     assert storage_root(f"file://{tmp_path}") == tmp_path
+    assert storage_root(f"local://{tmp_path}") == tmp_path  # any URI pyarrow opens as the local file system
     (tmp_path / "f").write_text("x")
-    for bad, why in ((str(tmp_path / "f"), "is a file"), ("s3://bucket/tune", "s3:// is not supported"),
+    # mock://: pyarrow's in-memory file system, a remote one that answers offline
+    for bad, why in ((str(tmp_path / "f"), "is a file"), ("mock:///tune", "mock:// answers, but .* mount it"),
+                     ("nosuch://x", "not a file system pyarrow can open"),
                      ("file://relative/x", "absolute path"), ("  ", "empty")):
         with pytest.raises(ConfigError, match=why) as e:
             storage_root(bad)

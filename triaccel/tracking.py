@@ -23,6 +23,9 @@ from triaccel.errors import ConfigError
 from triaccel.trainer import Callback
 
 DEFAULT_URI = "sqlite:///mlruns/mlflow.db"
+# Against an MLflow server, MLflow prints two link lines (run, experiment) each time a run ends: a search's
+# console is one line per trial, and the summary names the runs. Your own setting wins.
+os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 NUMERIC = (int, float)
 
 
@@ -76,8 +79,40 @@ def client(uri: str | None = None, key: str = "tracking.tracking_uri", write: bo
 STORE_SCHEMES = {"", "file", "sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks"}
 
 
+# the key of the PostgreSQL advisory lock that first clients of one database take (any fixed 64-bit number)
+PG_LOCK_KEY = 0x7472696163636C
+
+
+@contextmanager
+def _pg_lock(uri: str, key: str):
+    """A PostgreSQL store's first client holds a session advisory lock while MLflow creates and migrates its
+    tables: two searches started at once on a new database otherwise both create them, and one fails
+    (duplicate key in pg_type). Released when the block ends, or by the server if the process dies."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.pool import NullPool
+
+    try:
+        engine = create_engine(uri, poolclass=NullPool)
+        conn = engine.connect()
+        conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": PG_LOCK_KEY})
+    except Exception as e:  # noqa: BLE001 -- no driver, no server, bad credentials: all mean "not usable"
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{key}: cannot use the MLflow store {uri} ({msg[:200]})") from None
+    try:
+        yield
+    finally:
+        try:
+            conn.close()  # ends the session, and with it the lock
+        finally:
+            engine.dispose()
+
+
 @contextmanager
 def _store_lock(uri: str, key: str = "tracking.tracking_uri", write: bool = True):
+    if uri.split(":", 1)[0].split("+", 1)[0] == "postgresql":
+        with _pg_lock(uri, key):
+            yield
+        return
     if not uri.startswith("sqlite:///"):
         yield
         return
