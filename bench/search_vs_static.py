@@ -95,7 +95,12 @@ def warm_run(d: dict, epochs: int) -> None:
     w = copy.deepcopy(d)
     w["epochs"] = epochs
     w.setdefault("optim", {})["warmup_epochs"] = 0
-    train(w, 0)
+    from triaccel.trainer import Diverged
+
+    try:  # without its lr warm-up a config may diverge; the run only warms the GPU and the process
+        train(w, 0)
+    except Diverged as e:
+        print(f"--- warm-up run diverged ({e}): discarded as planned", flush=True)
 
 
 def stats(xs):
