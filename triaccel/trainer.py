@@ -17,7 +17,8 @@ window's mean gradient whatever the micro-batch sizes are.
 
 An out-of-memory step loses nothing: the window's gradients are cleared, the exception is
 left behind (recovery runs outside the ``except`` block, which holds frames and tensors), the
-cache is emptied, the micro-batch is halved and the same examples are run again.
+cache is emptied, and the same examples run again in the micro-batches ``oom_split``
+(``triaccel.controllers.batch``) decides: about half, never again above 0.75 of the failed size.
 
 Callbacks (``Callback``) are the hook point: the Tri-Accel controllers, the MLflow logger
 and the Ray Tune reporter attach here and never copy the loop.
@@ -42,7 +43,7 @@ import torch.nn.functional as F
 from triaccel.capture import StepGraphs
 from triaccel.compiled import CompileError, CompiledForward
 from triaccel.config import MAX_BATCH, TrainConfig, TriAccelConfig, from_dict
-from triaccel.controllers.batch import Buckets, bucket_ladder, split_size
+from triaccel.controllers.batch import Buckets, bucket_ladder, oom_split
 from triaccel.data import ElasticSampler, ResidentData, load_splits
 from triaccel.errors import TriAccelError
 from triaccel.userdef import TensorData, load_user_splits
@@ -686,19 +687,23 @@ class Trainer:
         return tuple(x.shape), x.stride(), use_scaler, self._plan()
 
     def _recover_from_oom(self) -> None:
+        """Executes the split of an out-of-memory window: ``oom_split`` decides it, through the batch
+        controller's ``on_oom`` where a callback returns a micro-batch, as it is otherwise (no controller:
+        no size grows back, so the retry's size holds for the run)."""
         self._zero_grads()
         free_device(self.device)
         failed = self.micro_batch
         if failed <= 1:
             raise OutOfMemoryBeyondRecovery(f"out of memory with a micro-batch of 1 at step {self.step_count}")
-        # split_size is the one rule for the retry; a batch controller (the Tri-Accel loop's on_oom) decides
-        # it itself, with the same function, and caps every later size (BatchController.limit)
-        self.apply(Decisions(micro_batch=split_size(failed, self.buckets, self.batch_size)))
         self.oom_events += 1
+        d = Decisions()
+        for cb in self.callbacks:
+            d = d.merged(cb.on_oom(self, failed))
+        if d.micro_batch is None:
+            d.micro_batch = oom_split(failed, self.batch_size, self.buckets).micro_batch
+        self.apply(d)
         self.log(f"[memory] out of memory at micro-batch {failed}: retrying the same examples in "
                  f"micro-batches of {self.micro_batch}")
-        for cb in self.callbacks:
-            self.apply(cb.on_oom(self, failed))
 
     # ================================================================== evaluation
     @torch.no_grad()
