@@ -274,7 +274,9 @@ class CurvatureConfig:
     # tau_curv is compared with the same quantity (lambda, or r).
     lr_rule: Literal["paper", "normalized"] = "normalized"  # triaccel.policy: paper -> paper
     min_lr_scale: float = 0.1  # normalized: the smallest lr scale any layer gets
-    tau_curv: float = 100.0  # lambda_max above this promotes the layer's precision one level
+    # a layer whose curvature exceeds tau_curv runs one precision level higher: compared with lr_rule's
+    # quantity, r_l = lambda_l / median (normalized) or lambda_l (paper)
+    tau_curv: float = 100.0
     top_k: int = 5  # paper: k = 5
     every: int = 200  # T_curv, optimizer steps between refreshes (paper: 200)
     batch: int = 32  # b_curv (paper: 32)
@@ -379,6 +381,29 @@ class TriAccelConfig:
         _check(1 <= self.stats_every <= self.control_every, "triaccel.stats_every",
                f"must be in [1, control_every ({self.control_every})]: every window needs a sample, "
                f"got {self.stats_every}")
+
+
+def changed_keys(default, given, prefix: str) -> list[str]:
+    """The dotted keys where dataclass ``given`` differs from ``default``."""
+    out = []
+    for f in dataclasses.fields(default):
+        a, b = getattr(default, f.name), getattr(given, f.name)
+        if dataclasses.is_dataclass(a):
+            out += changed_keys(a, b, f"{prefix}{f.name}.")
+        elif a != b:
+            out.append(prefix + f.name)
+    return out
+
+
+def set_triaccel_keys(given: TriAccelConfig) -> list[str]:
+    """The triaccel keys a config set: its policy (when not the default) and the keys that differ from
+    what that policy fills in, leaving out stats_every where it follows control_every."""
+    base = from_dict(TriAccelConfig, {"policy": given.policy, "control_every": given.control_every})
+    keys = (["triaccel.policy"] if given.policy != TriAccelConfig().policy else []) + sorted(
+        changed_keys(base, given, "triaccel."))
+    if given.control_every != TriAccelConfig().control_every:
+        keys.append("triaccel.control_every")
+    return keys
 
 
 @dataclass

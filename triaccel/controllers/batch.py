@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from triaccel.config import BatchConfig
+from triaccel.config import MAX_BATCH, BatchConfig, TrainConfig
 from triaccel.controllers.stats import WindowStats
 
 
@@ -106,6 +106,24 @@ class Buckets:
 
     def __repr__(self) -> str:
         return f"Buckets({list(self.sizes)})"
+
+
+def resolve_buckets(cfg: TrainConfig) -> Buckets | None:
+    """The run's batch buckets (``batch_buckets``): null is the ladder when the step is captured or
+    compiled, free sizes otherwise; [] is free sizes. The configured batch, first micro-batch and the
+    elastic batch's min_batch are always among them."""
+    if cfg.batch_buckets is None:
+        if not (cfg.capture or cfg.compile):
+            return None
+        sizes = bucket_ladder(MAX_BATCH)
+    elif not cfg.batch_buckets:
+        return None
+    else:
+        sizes = cfg.batch_buckets
+    own = [cfg.batch_size, math.ceil(cfg.batch_size / cfg.accum_steps)]
+    if cfg.mode == "triaccel" and cfg.triaccel.batch.enabled:  # a shrink stops at min_batch: one more bucket
+        own.append(cfg.triaccel.batch.min_batch)
+    return Buckets((*sizes, *own))
 
 
 @dataclass(frozen=True)
