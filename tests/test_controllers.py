@@ -469,3 +469,20 @@ def test_constant_mode_buckets_split_the_fixed_batch_into_buckets():
         m = c.decide(mem(peak * GiB)).micro_batch
         assert 200 % m == 0 or 200 % m in lad, m
     assert split_size(200, lad, 200) == 96 and split_size(160, lad, 200) == 64
+
+
+def test_oom_split_decides_the_retry_and_the_limit_in_one_place():
+    """One pure function: the retry's micro-batch (about half, never above the limit) and the limit
+    (OOM_MARGIN of the smallest size that failed); the batch controller's on_oom is that function."""
+    from triaccel.controllers import oom_split
+    from triaccel.controllers.batch import Buckets
+
+    s = oom_split(96, 96)
+    assert (s.micro_batch, s.ceiling, s.limit) == (48, 96, 72)
+    s = oom_split(60, 96, ceiling=48)  # the run's smallest failure keeps the limit
+    assert (s.micro_batch, s.ceiling, s.limit) == (30, 48, 36)
+    # no bucket at or below half splits 100 into buckets, so the split alone would be 20: the limit is 16
+    s = oom_split(40, 100, Buckets([16, 32, 100]))
+    assert (s.micro_batch, s.limit) == (16, 16)
+    c = BatchController(bc(), 128, 128, GiB)
+    assert c.on_oom(128) == oom_split(128, 128) and (c.micro, c.ceiling, c.limit) == (64, 128, 96)
