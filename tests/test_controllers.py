@@ -2,7 +2,7 @@
 import pytest
 
 from triaccel.config import BatchConfig, CurvatureConfig, PrecisionConfig
-from triaccel.controllers import BatchController, CurvatureController, PrecisionController
+from triaccel.controllers import BatchController, Controller, CurvatureController, PrecisionController, WindowStats
 
 GiB = 2**30
 
@@ -13,61 +13,87 @@ def pc(**kw):
     return PrecisionConfig(**base)
 
 
+def var(variance, window, overflow=None, promote=None):
+    """A control window's statistics for the precision controller."""
+    return WindowStats(window, 0, variance=tuple(variance), overflow=None if overflow is None else tuple(overflow),
+                       promote=None if promote is None else tuple(promote))
+
+
+def eig(topk):
+    """A curvature refresh's statistics: each layer's top-k estimates."""
+    return WindowStats(0, 0, topk=tuple(tuple(e) for e in topk))
+
+
+def mem(peak, seconds=None, examples=0, pressure=False):
+    """A batch window's statistics."""
+    return WindowStats(0, 0, peak_bytes=peak, seconds=seconds, examples=examples, pressure=pressure)
+
+
+def test_every_controller_decides_through_one_interface():
+    """One signature: decide(WindowStats) -> its decision, plus state_dict / load_state_dict."""
+    for c in (PrecisionController(pc(), 2), CurvatureController(CurvatureConfig(), 2),
+              BatchController(BatchConfig(), 96, 96, GiB)):
+        assert isinstance(c, Controller) and not hasattr(c, "update")
+
+
 def test_precision_thresholds_map_variance_to_levels():
     c = PrecisionController(pc(hysteresis=0.0), 3, initial="bf16")
-    d = c.update([1e-7, 1e-5, 1e-3], window=1)
+    d = c.decide(var([1e-7, 1e-5, 1e-3], window=1))
     assert d.levels == ("fp16", "bf16", "fp32")
     # boundaries: v == tau_low -> BF16, v == tau_high -> FP32 (the paper's <, <=)
     c = PrecisionController(pc(hysteresis=0.0), 2, initial="bf16")
-    assert c.update([1e-6, 1e-4], window=1).levels == ("bf16", "fp32")
+    assert c.decide(var([1e-6, 1e-4], window=1)).levels == ("bf16", "fp32")
 
 
 def test_precision_hysteresis_holds_a_layer_on_the_threshold():
     c = PrecisionController(pc(hysteresis=0.2), 1, initial="bf16")
-    assert c.update([0.9e-4], 1).levels == ("bf16",)  # below tau_high
-    assert c.update([1.1e-4], 2).levels == ("bf16",)  # above tau_high but inside the band
-    assert c.update([1.3e-4], 3).levels == ("fp32",)  # clearly above
-    assert c.update([0.9e-4], 4).levels == ("fp32",)  # back below tau_high, still inside the band
-    assert c.update([0.7e-4], 5).levels == ("bf16",)
+    assert c.decide(var([0.9e-4], 1)).levels == ("bf16",)  # below tau_high
+    assert c.decide(var([1.1e-4], 2)).levels == ("bf16",)  # above tau_high but inside the band
+    assert c.decide(var([1.3e-4], 3)).levels == ("fp32",)  # clearly above
+    assert c.decide(var([0.9e-4], 4)).levels == ("fp32",)  # back below tau_high, still inside the band
+    assert c.decide(var([0.7e-4], 5)).levels == ("bf16",)
 
 
 def test_precision_min_dwell():
     c = PrecisionController(pc(hysteresis=0.0, min_dwell=3), 1, initial="bf16")
-    assert c.update([1e-3], 1).levels == ("fp32",)
-    assert c.update([1e-8], 2).levels == ("fp32",)  # dwell: changed at window 1
-    assert c.update([1e-8], 3).levels == ("fp32",)
-    assert c.update([1e-8], 4).levels == ("fp16",)
+    assert c.decide(var([1e-3], 1)).levels == ("fp32",)
+    assert c.decide(var([1e-8], 2)).levels == ("fp32",)  # dwell: changed at window 1
+    assert c.decide(var([1e-8], 3)).levels == ("fp32",)
+    assert c.decide(var([1e-8], 4)).levels == ("fp16",)
 
 
 def test_curvature_promotes_one_level_temporarily():
-    c = PrecisionController(pc(hysteresis=0.0), 3, initial="bf16", tau_curv=10.0)
-    d = c.update([1e-7, 1e-5, 1e-3], 1, curvature=[50.0, 50.0, 50.0])
+    """The curvature controller's flags (WindowStats.promote) promote; the precision controller has no
+    curvature threshold of its own."""
+    c = PrecisionController(pc(hysteresis=0.0), 3, initial="bf16")
+    d = c.decide(var([1e-7, 1e-5, 1e-3], 1, promote=[True, True, True]))
     assert d.levels == ("bf16", "fp32", "fp32") and d.reasons[:2] == ("curvature", "curvature")
-    d = c.update([1e-7, 1e-5, 1e-3], 2, curvature=[1.0, 1.0, 1.0])
+    d = c.decide(var([1e-7, 1e-5, 1e-3], 2, promote=[False, False, False]))
     assert d.levels == ("fp16", "bf16", "fp32")
+    assert c.decide(var([1e-7, 1e-5, 1e-3], 3)).levels == ("fp16", "bf16", "fp32")  # no curvature controller
 
 
 def test_overflow_promotes_fp16_layer_despite_dwell():
     c = PrecisionController(pc(hysteresis=0.0, min_dwell=100), 2, initial="fp16")
-    d = c.update([1e-9, 1e-9], 1, overflow=[True, False])
+    d = c.decide(var([1e-9, 1e-9], 1, overflow=[True, False]))
     assert d.levels == ("bf16", "fp16") and d.reasons[0] == "overflow"
 
 
 def test_precision_state_roundtrip():
     c = PrecisionController(pc(min_dwell=2), 2)
-    c.update([1e-3, 1e-9], 1)
+    c.decide(var([1e-3, 1e-9], 1))
     c2 = PrecisionController(pc(min_dwell=2), 2)
     c2.load_state_dict(c.state_dict())
-    assert c2.update([1e-9, 1e-3], 2) == c.update([1e-9, 1e-3], 2)
+    assert c2.decide(var([1e-9, 1e-3], 2)) == c.decide(var([1e-9, 1e-3], 2))
 
 
 def test_curvature_lr_scale_clips_negative_and_smooths():
     c = CurvatureController(CurvatureConfig(alpha=0.1, tau_curv=5.0, ema=0.5, lr_rule="paper"), 2)
-    d = c.update([[10.0, 3.0], [-4.0, -1.0]])
+    d = c.decide(eig([[10.0, 3.0], [-4.0, -1.0]]))
     assert d.lam == (10.0, 0.0)
     assert d.lr_scale[0] == pytest.approx(1 / (1 + 0.1 * 10)) and d.lr_scale[1] == 1.0
     assert d.promote == (True, False)
-    d = c.update([[2.0], [0.0]])
+    d = c.decide(eig([[2.0], [0.0]]))
     assert d.lam[0] == pytest.approx(6.0)  # 0.5 * 10 + 0.5 * 2
     assert c.due(1) and c.due(200) and not c.due(199)
 
@@ -81,37 +107,37 @@ def bc(**kw):
 
 def test_batch_grows_below_rho_low_and_shrinks_above_rho_high():
     c = BatchController(bc(), 96, 96, 1 * GiB)
-    assert c.update(0.3 * GiB).batch == 112
-    assert c.update(0.6 * GiB).action == "hold"
-    d = c.update(0.9 * GiB)
+    assert c.decide(mem(0.3 * GiB)).batch == 112
+    assert c.decide(mem(0.6 * GiB)).action == "hold"
+    d = c.decide(mem(0.9 * GiB))
     # the fit through (96, 0.3) and (112, 0.9) puts 0.8 GiB at B=109: a smaller step than delta_down
     assert d.action == "shrink" and d.batch == 109
     c = BatchController(bc(), 96, 96, 1 * GiB)
-    assert c.update(0.9 * GiB).batch == 64  # no fit yet: the plain delta_down step
+    assert c.decide(mem(0.9 * GiB)).batch == 64  # no fit yet: the plain delta_down step
 
 
 def test_batch_respects_bounds_and_cooldown():
     c = BatchController(bc(min_batch=90, max_batch=100, cooldown=2), 96, 96, 1 * GiB)
-    assert c.update(0.1 * GiB).batch == 100
-    assert c.update(0.1 * GiB).action == "cooldown"
-    assert c.update(0.1 * GiB).action == "cooldown"
-    assert c.update(0.1 * GiB).batch == 100  # max
+    assert c.decide(mem(0.1 * GiB)).batch == 100
+    assert c.decide(mem(0.1 * GiB)).action == "cooldown"
+    assert c.decide(mem(0.1 * GiB)).action == "cooldown"
+    assert c.decide(mem(0.1 * GiB)).batch == 100  # max
     c = BatchController(bc(min_batch=90), 96, 96, 1 * GiB)
-    assert c.update(0.99 * GiB).batch == 90  # min
+    assert c.decide(mem(0.99 * GiB)).batch == 90  # min
 
 
 def test_batch_predicts_and_does_not_grow_into_the_wall():
     c = BatchController(bc(delta_up=64), 64, 64, 1 * GiB)
     # peak = 0.1 GiB + 0.005 GiB per example: 64 -> 0.42, 128 -> 0.74, 192 would be 1.06
-    c.update(0.42 * GiB)  # grows to 128
+    c.decide(mem(0.42 * GiB))  # grows to 128
     assert c.batch == 128
-    d = c.update(0.74 * GiB * 0.6)  # pretend usage dipped below rho_low; the fit still knows 192 is too big
+    d = c.decide(mem(0.74 * GiB * 0.6))  # pretend usage dipped below rho_low; the fit still knows 192 is too big
     assert d.action in ("predicted", "grow")
     c2 = BatchController(bc(delta_up=64), 64, 64, 1 * GiB)
     c2.obs = [(64, 0.42 * GiB), (128, 0.74 * GiB)]
     c2.micro = 128
     c2.batch = 128
-    assert c2.update(0.45 * GiB).action == "predicted"
+    assert c2.decide(mem(0.45 * GiB)).action == "predicted"
 
 
 def test_oom_ceiling_is_never_regrown():
@@ -120,7 +146,7 @@ def test_oom_ceiling_is_never_regrown():
     # the failed window retries at half; the batch steps to OOM_MARGIN of the failed size, not to 127
     assert c.micro == 64 and c.batch == 96 == c.limit
     for _ in range(5):
-        d = c.update(0.1 * GiB)  # far under rho_low: the rule would grow
+        d = c.decide(mem(0.1 * GiB))  # far under rho_low: the rule would grow
         assert d.batch <= 96 and d.micro_batch <= 96
 
 
@@ -133,7 +159,7 @@ def _oom_sequence(c, readings):
             c.on_oom(c.micro)
             after.append((c.ceiling, c.batch, c.micro))
         else:
-            d = c.update(r * GiB, seconds=1e-4 * c.elastic, examples=c.elastic)
+            d = c.decide(mem(r * GiB, seconds=1e-4 * c.elastic, examples=c.elastic))
             if c.ceiling is not None:
                 after.append((c.ceiling, d.batch, d.micro_batch))
     return after
@@ -174,15 +200,15 @@ def test_oom_limit_survives_a_resume():
     r = BatchController(bc(delta_up=64, max_batch=4096), 4096, 4096, 1 * GiB)
     r.load_state_dict(c.state_dict())
     assert r.limit == 669
-    sizes = [r.update(0.1 * GiB).batch for _ in range(20)]
+    sizes = [r.decide(mem(0.1 * GiB)).batch for _ in range(20)]
     assert max(sizes) <= 669 and r.micro_cap(4096) <= 669
 
 
 def test_constant_mode_keeps_batch_and_moves_micro_batch():
     c = BatchController(bc(mode="constant"), 256, 64, 1 * GiB)
-    d = c.update(0.1 * GiB)
+    d = c.decide(mem(0.1 * GiB))
     assert d.batch == 256 and d.micro_batch == 80
-    d = c.update(0.95 * GiB)
+    d = c.decide(mem(0.95 * GiB))
     assert d.batch == 256 and d.micro_batch == 77  # the fit: 0.8 GiB at a micro-batch of 77
     assert c.lr_factor(256) == 1.0
 
@@ -199,9 +225,9 @@ def test_shrink_stops_where_the_fit_says_the_batch_fits():
     """peak = 0.26 + 0.0037 B GiB, budget 0.494 GiB, rho_high 0.85: about 43 fits; delta_down 32 would give 32."""
     c = BatchController(bc(rho_low=0.5, rho_high=0.85, delta_down=32, min_batch=8), 96, 96, 0.494 * GiB)
     peak = lambda b: (0.26 + 0.0037 * b) * GiB  # noqa: E731
-    d = c.update(peak(96))
+    d = c.decide(mem(peak(96)))
     assert d.batch == 64  # one observation: no fit yet, the plain step
-    d = c.update(peak(64))
+    d = c.decide(mem(peak(64)))
     assert d.action == "shrink" and d.batch == 43
     assert peak(d.batch) <= 0.85 * 0.494 * GiB
 
@@ -219,7 +245,7 @@ def drive(c, model, windows=40, steps=10):
         b = c.batch
         sizes.append(b)
         t, peak = model(b)
-        c.update(peak, seconds=t * steps, examples=b * steps)
+        c.decide(mem(peak, seconds=t * steps, examples=b * steps))
     return sizes
 
 
@@ -285,12 +311,12 @@ def test_score_policy_measures_the_start_again_before_leaving_it():
 
     # a second look that measures higher keeps the first (lower) cost: the lower of the two counts
     c = BatchController(bc(policy="score", max_batch=4096, cooldown=0), 96, 96, 100 * GiB)
-    c.update(1.0 * GiB, seconds=96e-4 * 1.2 * 10, examples=96 * 10)  # 96: 1.2 (inflated)
-    c.update(1.0 * GiB, seconds=144e-4 * 1.0 * 10, examples=144 * 10)  # 144: 1.0
-    d = c.update(1.0 * GiB, seconds=216e-4 * 3.0 * 10, examples=216 * 10)  # 216: 3.0 -> recheck 96
+    c.decide(mem(1.0 * GiB, seconds=96e-4 * 1.2 * 10, examples=96 * 10))  # 96: 1.2 (inflated)
+    c.decide(mem(1.0 * GiB, seconds=144e-4 * 1.0 * 10, examples=144 * 10))  # 144: 1.0
+    d = c.decide(mem(1.0 * GiB, seconds=216e-4 * 3.0 * 10, examples=216 * 10))  # 216: 3.0 -> recheck 96
     assert d.action == "recheck" and d.batch == 96 and c.rechecking
     mid = c.state_dict()  # saved mid-recheck (a checkpoint between windows)
-    c.update(1.0 * GiB, seconds=96e-4 * 1.5 * 10, examples=96 * 10)  # measured higher still
+    c.decide(mem(1.0 * GiB, seconds=96e-4 * 1.5 * 10, examples=96 * 10))  # measured higher still
     assert c.costs[96] == pytest.approx(1.2e-4 * GiB) and c.batch == 144 and not c.exploring
     c2 = BatchController(bc(policy="score", max_batch=4096, cooldown=0), 96, 96, 100 * GiB)
     c2.load_state_dict(mid)
@@ -304,7 +330,7 @@ def test_score_policy_measures_the_start_again_before_leaving_it():
 
     # a size that ran out of memory is never settled on or rechecked
     c = BatchController(bc(policy="score", max_batch=4096, cooldown=0, mode="constant"), 96, 96, 100 * GiB)
-    c.update(1.0 * GiB, seconds=96e-4 * 1.2 * 10, examples=96 * 10)
+    c.decide(mem(1.0 * GiB, seconds=96e-4 * 1.2 * 10, examples=96 * 10))
     c.on_oom(96)
     assert 96 not in c.costs and c.micro == 48
 
@@ -329,31 +355,31 @@ def test_score_policy_explores_down_when_growth_costs_more_and_keeps_the_budget_
 def test_normalized_curvature_rule_is_scale_free_and_never_starves():
     cfg = CurvatureConfig(alpha=2.0, lr_rule="normalized", min_lr_scale=0.2, tau_curv=3.0, ema=0.0)
     lam = [[1.0], [2.0], [4.0], [8.0], [100.0]]  # median 4
-    a = CurvatureController(cfg, 5).update(lam)
-    b = CurvatureController(cfg, 5).update([[x[0] * 1e-5] for x in lam])  # same shape, other units
+    a = CurvatureController(cfg, 5).decide(eig(lam))
+    b = CurvatureController(cfg, 5).decide(eig([[x[0] * 1e-5] for x in lam]))  # same shape, other units
     assert a.lr_scale == pytest.approx(b.lr_scale) and a.promote == b.promote
     assert a.lr_scale[:3] == (1.0, 1.0, 1.0)  # at or below the median: eta_0
     assert a.lr_scale[3] == pytest.approx(1 / (1 + 2.0 * 1.0))  # twice the median
     assert a.lr_scale[4] == 0.2  # floored
     assert a.promote == (False, False, False, False, True)
-    off = CurvatureController(CurvatureConfig(alpha=0.0, lr_rule="normalized"), 5).update(lam)
+    off = CurvatureController(CurvatureConfig(alpha=0.0, lr_rule="normalized"), 5).decide(eig(lam))
     assert off.lr_scale == (1.0,) * 5
 
 
 def test_relative_precision_thresholds_reach_all_16_bit_and_all_fp32():
     v = [1e-9, 1e-8, 1e-7, 1e-6, 1e-5]  # four decades, median 1e-7
-    lo = PrecisionController(pc(scale="relative", tau_low=1e3, tau_high=1e4, hysteresis=0), 5).update(v, 1)
+    lo = PrecisionController(pc(scale="relative", tau_low=1e3, tau_high=1e4, hysteresis=0), 5).decide(var(v, 1))
     assert lo.levels == ("fp16",) * 5
-    hi = PrecisionController(pc(scale="relative", tau_low=1e-4, tau_high=1e-3, hysteresis=0), 5).update(v, 1)
+    hi = PrecisionController(pc(scale="relative", tau_low=1e-4, tau_high=1e-3, hysteresis=0), 5).decide(var(v, 1))
     assert hi.levels == ("fp32",) * 5
     mid = PrecisionController(pc(scale="relative", tau_low=0.5, tau_high=5, hysteresis=0), 5)
-    assert mid.update(v, 1).levels == ("fp16", "fp16", "bf16", "fp32", "fp32")
-    assert mid.update([x * 1e6 for x in v], 2).levels == ("fp16", "fp16", "bf16", "fp32", "fp32")  # scale-free
+    assert mid.decide(var(v, 1)).levels == ("fp16", "fp16", "bf16", "fp32", "fp32")
+    assert mid.decide(var([x * 1e6 for x in v], 2)).levels == ("fp16", "fp16", "bf16", "fp32", "fp32")  # scale-free
 
 
 def test_overflow_promote_switch_is_read():
     c = PrecisionController(pc(hysteresis=0.0, min_dwell=100, overflow_promote=False), 2, initial="fp16")
-    assert c.update([1e-9, 1e-9], 1, overflow=[True, False]).levels == ("fp16", "fp16")
+    assert c.decide(var([1e-9, 1e-9], 1, overflow=[True, False])).levels == ("fp16", "fp16")
 
 
 def test_bucket_ladder_and_snapping():
@@ -375,21 +401,21 @@ def test_paper_rule_moves_between_buckets():
 
     buckets = Buckets(bucket_ladder(512))
     c = BatchController(bc(delta_up=16), 96, 96, 1 * GiB, buckets=buckets)
-    assert c.update(0.3 * GiB).batch == 128  # 96 + 16 = 112 -> the next bucket up
-    d = c.update(0.9 * GiB)  # the fit puts 0.8 GiB near 119: the largest bucket at or below
+    assert c.decide(mem(0.3 * GiB)).batch == 128  # 96 + 16 = 112 -> the next bucket up
+    d = c.decide(mem(0.9 * GiB))  # the fit puts 0.8 GiB near 119: the largest bucket at or below
     assert d.action == "shrink" and d.batch == 96
     sizes = {c.batch}
     for peak in (0.1, 0.1, 0.2, 0.95, 0.3, 0.1):
-        sizes.add(c.update(peak * GiB).batch)
+        sizes.add(c.decide(mem(peak * GiB)).batch)
     c.on_oom(c.micro)
     sizes.add(c.micro)
     for _ in range(6):
-        sizes.add(c.update(0.1 * GiB).micro_batch)
+        sizes.add(c.decide(mem(0.1 * GiB)).micro_batch)
     assert sizes <= set(buckets.sizes), sizes
     assert c.micro < c.ceiling  # never regrown to the size that ran out of memory
     # without buckets the same rules give sizes off the ladder (what the buckets are for)
     free = BatchController(bc(delta_up=16), 96, 96, 1 * GiB)
-    assert free.update(0.3 * GiB).batch == 112
+    assert free.decide(mem(0.3 * GiB)).batch == 112
 
 
 def test_score_policy_explores_buckets_only():
@@ -412,7 +438,7 @@ def test_paper_rule_with_buckets_does_not_grow_back_into_a_size_over_rho_high():
     sizes = []
     for _ in range(120):
         sizes.append(c.batch)
-        c.update((0.05 + 0.0042 * c.batch) * GiB)
+        c.decide(mem((0.05 + 0.0042 * c.batch) * GiB))
     over = [b for b in sizes if (0.05 + 0.0042 * b) > c.cfg.rho_high]
     assert len(over) <= 2, sizes  # the first excursion, at most a cooldown window
     assert c.over is not None and c.batch < c.over and sizes[-30:] == [sizes[-1]] * 30
@@ -440,6 +466,23 @@ def test_constant_mode_buckets_split_the_fixed_batch_into_buckets():
     c = BatchController(bc(mode="constant", max_batch=4096, delta_up=16), 200, 96, 1 * GiB, buckets=lad)
     assert 128 not in c.buckets and all(200 % m == 0 or 200 % m in lad for m in c.buckets.sizes)
     for peak in (0.1, 0.1, 0.1, 0.1):
-        m = c.update(peak * GiB).micro_batch
+        m = c.decide(mem(peak * GiB)).micro_batch
         assert 200 % m == 0 or 200 % m in lad, m
     assert split_size(200, lad, 200) == 96 and split_size(160, lad, 200) == 64
+
+
+def test_oom_split_decides_the_retry_and_the_limit_in_one_place():
+    """One pure function: the retry's micro-batch (about half, never above the limit) and the limit
+    (OOM_MARGIN of the smallest size that failed); the batch controller's on_oom is that function."""
+    from triaccel.controllers import oom_split
+    from triaccel.controllers.batch import Buckets
+
+    s = oom_split(96, 96)
+    assert (s.micro_batch, s.ceiling, s.limit) == (48, 96, 72)
+    s = oom_split(60, 96, ceiling=48)  # the run's smallest failure keeps the limit
+    assert (s.micro_batch, s.ceiling, s.limit) == (30, 48, 36)
+    # no bucket at or below half splits 100 into buckets, so the split alone would be 20: the limit is 16
+    s = oom_split(40, 100, Buckets([16, 32, 100]))
+    assert (s.micro_batch, s.limit) == (16, 16)
+    c = BatchController(bc(), 128, 128, GiB)
+    assert c.on_oom(128) == oom_split(128, 128) and (c.micro, c.ceiling, c.limit) == (64, 128, 96)

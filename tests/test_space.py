@@ -245,7 +245,7 @@ def test_relative_precision_thresholds_default_to_every_layer_16_bit_on_resnet18
     """Unset, relative tau keeps a layer 16-bit up to 200x the median layer's variance (ResNet-18/CIFAR-10
     ratios at the start of training: 0.08 .. 112); absolute keeps the paper's kind of value."""
     from triaccel.config import PrecisionConfig
-    from triaccel.controllers import PrecisionController
+    from triaccel.controllers import PrecisionController, WindowStats
 
     rel = from_dict(PrecisionConfig, {"scale": "relative"})
     assert (rel.tau_low, rel.tau_high) == (200.0, 1e4)
@@ -253,7 +253,7 @@ def test_relative_precision_thresholds_default_to_every_layer_16_bit_on_resnet18
     ab = from_dict(PrecisionConfig, {"scale": "absolute"})
     assert (ab.tau_low, ab.tau_high) == (1e-7, 1e-4)
     ratios = [44.2, 12.0, 8.97, 6.12, 4.28, 2.06, 1.51, 1.0, 0.5, 0.24, 0.11, 0.08, 111.8]
-    dec = PrecisionController(rel, len(ratios), initial="fp16").update(ratios, 1)
+    dec = PrecisionController(rel, len(ratios), initial="fp16").decide(WindowStats(1, 0, variance=tuple(ratios)))
     assert set(dec.levels) == {"fp16"}
 
 

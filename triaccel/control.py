@@ -7,7 +7,8 @@ v_l <- beta v_l + (1 - beta) Var[grad_l] is updated on the device. Nothing is re
 Every ``every`` steps (T_curv): curvature refresh -> per-layer lr scales eta_l / eta_0.
 
 Every ``control_every`` steps (T_ctrl), one host read, then in the paper's order:
-  1. statistics: variance EMA, overflow flags, the window's memory peak;
+  1. statistics: variance EMA, overflow flags, the window's memory peak, built once into one
+     frozen ``WindowStats`` that every controller's ``decide`` reads;
   2. precision per layer (variance thresholds, curvature and overflow promotion);
   3. per-layer lr (from the latest curvature decision);
   4. batch size from memory feedback.
@@ -27,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from triaccel.config import TriAccelConfig
-from triaccel.controllers import BatchController, CurvatureController, PrecisionController
+from triaccel.controllers import BatchController, CurvatureController, PrecisionController, WindowStats
 from triaccel.curvature import HessianProbe
 from triaccel.kernels import grad_stats, variance_ema
 from triaccel.measure import GiB, device_used_fraction, free_device, sync
@@ -77,8 +78,7 @@ class TriAccelLoop(Callback):
         # autograd would add each new gradient into the old buffer (62 extra kernels a ResNet-18
         # step). The kernels' block tables are cached by address instead.
 
-        self.prec = PrecisionController(c.precision, self.L, initial=tr.cfg.amp_dtype,
-                                        tau_curv=c.curvature.tau_curv if c.curvature.enabled else None) \
+        self.prec = PrecisionController(c.precision, self.L, initial=tr.cfg.amp_dtype) \
             if c.precision.enabled else None
         self.curv = CurvatureController(c.curvature, self.L) if c.curvature.enabled else None
         self.probe = None
@@ -211,17 +211,17 @@ class TriAccelLoop(Callback):
         return self._take()
 
     def on_oom(self, tr, micro_batch) -> Decisions | None:
-        """The controller decides the retry's micro-batch and the sizes after it (its OOM limit), in both
-        modes: the trainer's own split is what runs only without a batch controller."""
-        if self.batch is not None:
-            self.batch.on_oom(micro_batch)
-            self.log(f"[batch] out of memory at {micro_batch}: no size above {self.batch.limit} from now on")
-            d = Decisions(micro_batch=self.batch.micro)
-            if self.cfg.batch.mode == "paper":
-                d = d.merged(Decisions(batch_size=self.batch.batch,
-                                       batch_lr_factor=self.batch.lr_factor(self.initial_batch)))
-            return d
-        return None
+        """With a batch controller, its ``on_oom`` (``oom_split``) decides the retry's micro-batch and the
+        limit on every later size; without one the trainer executes ``oom_split`` itself."""
+        if self.batch is None:
+            return None
+        split = self.batch.on_oom(micro_batch)
+        self.log(f"[batch] out of memory at {micro_batch}: no size above {split.limit} from now on")
+        d = Decisions(micro_batch=split.micro_batch)
+        if self.cfg.batch.mode == "paper":
+            d = d.merged(Decisions(batch_size=self.batch.batch,
+                                   batch_lr_factor=self.batch.lr_factor(self.initial_batch)))
+        return d
 
     # ------------------------------------------------------------------ curvature
     def _refresh_curvature(self, tr):
@@ -262,7 +262,7 @@ class TriAccelLoop(Callback):
             if eigs is None:
                 self._probe_out_of_memory(tr)
                 return
-        dec = self.curv.update(eigs)
+        dec = self.curv.decide(WindowStats(self.window, tr.step_count, topk=tuple(tuple(e) for e in eigs)))
         self.lam = list(dec.lam)
         self.promote = list(dec.promote)
         self.pending.lr_scales = tuple(dec.lr_scale)
@@ -290,21 +290,21 @@ class TriAccelLoop(Callback):
         self.last_var = var[:self.L]
         overflow = (self.nonfinite > 0).tolist()
         self.nonfinite.zero_()
+        peak = tr.meter.window_peak_bytes()
+        batch_decides = self.batch is not None and not (self.batch.exploring and step % self.cfg.batch.explore_steps)
+        if self.batch is not None and not batch_decides:
+            self.win_peak = max(self.win_peak, peak)  # mid-window: the batch window decides at its own end
+        stats = WindowStats(self.window, step, variance=tuple(var[:self.L]), overflow=tuple(overflow[:self.L]),
+                            promote=tuple(self.promote) if self.curv is not None else None,
+                            **(self._batch_measures(tr, peak) if batch_decides else {}))
         row = {"window": self.window, "step": step, "epoch": tr.epoch + 1}
         if self.prec is not None:
-            # the curvature controller's own promotion flags: tau_curv compared with what its lr_rule
-            # compares (normalized: lambda / median lambda, as config.py documents; paper: lambda)
-            dec = self.prec.update(var[:self.L], self.window, promote=self.promote if self.curv else None,
-                                   overflow=overflow[:self.L])
+            dec = self.prec.decide(stats)
             self.pending.levels = dict(zip(self.names, dec.levels))
             row["precision_changed"] = dec.changed
-        peak = tr.meter.window_peak_bytes()
         row["peak_mem_gib"] = peak / GiB
-        if self.batch is not None:
-            if self.batch.exploring and step % self.cfg.batch.explore_steps:
-                self.win_peak = max(self.win_peak, peak)  # mid-window: the batch window decides at its own end
-            else:
-                row.update(self._batch_feedback(tr, peak))
+        if batch_decides:
+            row.update(self._batch_decide(tr, stats))
         row.update(batch_size=self._now(tr, "batch_size"), micro_batch=self._now(tr, "micro_batch"),
                    lr_factor=self._now(tr, "batch_lr_factor"), levels=self._levels_now(tr),
                    variance=var[:self.L], lam=list(self.lam), lr_scale=self._lr_scale_now(tr))
@@ -313,7 +313,7 @@ class TriAccelLoop(Callback):
     def _batch_window(self, tr, step):
         """A short window of the batch controller alone (score policy, while it explores)."""
         peak = tr.meter.window_peak_bytes()
-        fb = self._batch_feedback(tr, peak)
+        fb = self._batch_decide(tr, WindowStats(self.window, step, **self._batch_measures(tr, peak)))
         self.trajectory.append({"window": self.window, "step": step, "epoch": tr.epoch + 1,
                                 "peak_mem_gib": peak / GiB, **fb, "batch_size": self._now(tr, "batch_size"),
                                 "micro_batch": self._now(tr, "micro_batch"),
@@ -321,23 +321,28 @@ class TriAccelLoop(Callback):
                                 "variance": list(self.last_var), "lam": list(self.lam),
                                 "lr_scale": self._lr_scale_now(tr)})
 
-    def _batch_feedback(self, tr, peak: float) -> dict:
-        """The window's peak and time per example -> the batch controller's decision, applied."""
+    def _batch_measures(self, tr, peak: float) -> dict:
+        """The batch controller's fields of ``WindowStats``: the peak since its last decision, and the
+        window's seconds (curvature refreshes are per step, not per example: not the batch size's cost),
+        examples and device pressure."""
         seconds = None
         peak, self.win_peak = max(peak, self.win_peak), 0.0
         if self.win_t is not None and self.win_n > 0:
             sync(tr.device)
-            # curvature refreshes are per step, not per example: not the batch size's cost
             seconds = time.perf_counter() - self.win_t - self.win_excluded
         pressure = False
         if self.shared_trials > 1:
             used = device_used_fraction(tr.device)
             pressure = used is not None and used > self.cfg.batch.rho_high
-        bd = self.batch.update(peak, device_pressure=pressure, seconds=seconds, examples=self.win_n)
+        return {"peak_bytes": peak, "seconds": seconds, "examples": self.win_n, "pressure": pressure}
+
+    def _batch_decide(self, tr, stats: WindowStats) -> dict:
+        """The batch controller's decision on ``stats``, applied; its window starts afresh."""
+        bd = self.batch.decide(stats)
         self._apply_batch(tr, bd)
         self.win_t, self.win_n, self.win_excluded = time.perf_counter(), 0, 0.0
         return {"batch_action": bd.action, "usage_frac": bd.usage_frac,
-                "window_s": seconds if seconds is not None else float("nan")}
+                "window_s": stats.seconds if stats.seconds is not None else float("nan")}
 
     def _apply_batch(self, tr, bd) -> None:
         if bd.action == "settle":

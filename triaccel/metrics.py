@@ -34,3 +34,12 @@ def steady_epoch_time(epoch_times: list[float]) -> float:
     """
     return last5_mean(epoch_times[1:] if len(epoch_times) > 1 else epoch_times)
 
+
+def run_peak(epoch_peaks: list[float]) -> float:
+    """The run's peak memory: the largest epoch peak after the first epoch.
+
+    The first epoch also holds one-off allocations (cuDNN autotuning workspaces, lazily
+    created optimizer state), reported apart as ``peak_mem_first_epoch_gib``, just as
+    first-step time is reported apart from step time. A one-epoch run uses its only epoch.
+    """
+    return max(epoch_peaks[1:]) if len(epoch_peaks) > 1 else epoch_peaks[0]

@@ -17,39 +17,41 @@ window's mean gradient whatever the micro-batch sizes are.
 
 An out-of-memory step loses nothing: the window's gradients are cleared, the exception is
 left behind (recovery runs outside the ``except`` block, which holds frames and tensors), the
-cache is emptied, the micro-batch is halved and the same examples are run again.
+cache is emptied, and the same examples run again in the micro-batches ``oom_split``
+(``triaccel.controllers.batch``) decides: about half, never again above 0.75 of the failed size.
 
 Callbacks (``Callback``) are the hook point: the Tri-Accel controllers, the MLflow logger
 and the Ray Tune reporter attach here and never copy the loop.
 """
 from __future__ import annotations
 
-import dataclasses
 import gc
 import math
 import os
-import random
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from triaccel.capture import StepGraphs
 from triaccel.compiled import CompileError, CompiledForward
-from triaccel.config import MAX_BATCH, TrainConfig, TriAccelConfig, from_dict
-from triaccel.controllers.batch import Buckets, bucket_ladder, split_size
+from triaccel.checkpoint import load_trainer_state, trainer_state
+from triaccel.config import TrainConfig, TriAccelConfig, set_triaccel_keys
+from triaccel.controllers.batch import oom_split, resolve_buckets
 from triaccel.data import ElasticSampler, ResidentData, load_splits
+from triaccel.device import check_triton_device, cublas_workspace, cudnn_benchmark_for, resolve_device, seed_everything
 from triaccel.errors import TriAccelError
+from triaccel.hooks import Callback, Decisions, StepInfo  # noqa: F401 (names of this module)
 from triaccel.userdef import TensorData, load_user_splits
-from triaccel.measure import GiB, MemoryMeter, free_device, sync
-from triaccel.metrics import efficiency_score, steady_epoch_time
+from triaccel.measure import MemoryMeter, free_device, sync
+from triaccel.metrics import efficiency_score, run_peak, steady_epoch_time
 from triaccel.models import build_model, enable_checkpointing
-from triaccel.precision import DTYPES, PrecisionRuntime, layer_plan
+from triaccel.optim import make_optimizer, param_groups
+from triaccel.precision import DTYPES, PrecisionRuntime
 from triaccel.progress import bar as progress_bar
 from triaccel.schedule import WarmupCosine
 
@@ -63,147 +65,8 @@ class OutOfMemoryBeyondRecovery(TriAccelError):
 
 
 @dataclass
-class Decisions:
-    """Changes to the trainer's adaptive state that a callback asks for. Hooks return them;
-    ``Trainer.apply`` is the one writer of that state (batch, micro-batch, lr multipliers,
-    precision levels), so a decision takes effect at one point, between steps. None: unchanged."""
-    batch_size: int | None = None
-    micro_batch: int | None = None
-    batch_lr_factor: float | None = None
-    lr_scales: tuple | None = None  # multipliers of the first len(lr_scales) optimizer groups
-    levels: dict | None = None  # layer name -> fp16 | bf16 | fp32
-    cudnn_benchmark: bool | None = None
-
-    def merged(self, later: "Decisions | None") -> "Decisions":
-        """This decision updated by a later one (the later one's fields win)."""
-        if later is None:
-            return self
-        out = Decisions(**self.__dict__)
-        for k, v in later.__dict__.items():
-            if v is not None:
-                setattr(out, k, {**(out.levels or {}), **v} if k == "levels" else v)
-        return out
-
-
-class Callback:
-    """Hook points. Each receives the trainer; it reads it, and asks for changes by returning
-    ``Decisions`` from ``on_step_end``, ``on_oom`` and ``on_epoch_end`` (None: no change)."""
-
-    def on_setup(self, trainer: "Trainer") -> None: ...
-    def on_grads_ready(self, trainer: "Trainer", n_examples: int) -> None: ...
-    def on_step_end(self, trainer: "Trainer", step: "StepInfo") -> "Decisions | None": ...
-    def on_oom(self, trainer: "Trainer", micro_batch: int) -> "Decisions | None": ...
-    def on_epoch_end(self, trainer: "Trainer", metrics: dict) -> "Decisions | None": ...
-    def on_fit_end(self, trainer: "Trainer", summary: dict) -> None: ...
-    def state_dict(self) -> dict: return {}
-    def load_state_dict(self, state: dict) -> None: ...
-
-
-@dataclass
-class StepInfo:
-    step: int  # optimizer updates so far (this one included; skipped ones too)
-    n_examples: int
-    skipped: bool | None  # None: deferred_skip, known at the next step
-    scaler_used: bool
-
-
-@dataclass
 class History:
     epochs: list = field(default_factory=list)  # one metrics dict per epoch
-
-
-def run_peak(epoch_peaks: list[float]) -> float:
-    """The run's peak memory: the largest epoch peak after the first epoch.
-
-    The first epoch also holds one-off allocations (cuDNN autotuning workspaces, lazily
-    created optimizer state), reported apart as ``peak_mem_first_epoch_gib``, just as
-    first-step time is reported apart from step time. A one-epoch run uses its only epoch.
-    """
-    return max(epoch_peaks[1:]) if len(epoch_peaks) > 1 else epoch_peaks[0]
-
-
-def resolve_device(spec: str) -> torch.device:
-    if spec == "auto":
-        spec = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(spec)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise TriAccelError(f"device: {spec} requested but CUDA is not available")
-        if dev.index is None:  # an explicit index: some CUDA APIs (memory fraction) refuse a bare "cuda"
-            dev = torch.device("cuda", torch.cuda.current_device())
-    return dev
-
-
-def _check_triton_device(cfg: TrainConfig, device: torch.device) -> None:
-    """Triton kernels run on CUDA, or on the CPU under TRITON_INTERPRET=1 (how CI tests them);
-    asked for explicitly anywhere else, the run stops with one line instead of a kernel launch
-    error mid-epoch ('auto' picks the torch references there)."""
-    if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return
-    for key, val in (("triaccel.kernels", cfg.triaccel.kernels if cfg.mode == "triaccel" else None),
-                     ("data.kernel", cfg.data.kernel)):
-        if val == "triton":
-            raise TriAccelError(f"{key}: triton needs a CUDA device (or TRITON_INTERPRET=1 on the CPU); "
-                                f"this run is on {device}: use auto or torch")
-
-
-_CUBLAS_ENV = "CUBLAS_WORKSPACE_CONFIG"
-
-
-def _drop_cublas_workspaces() -> None:
-    if torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-        torch._C._cuda_clearCublasWorkspaces()
-
-
-@contextmanager
-def cublas_workspace(mib: int | None, log=print):
-    """cuBLAS's per-(handle, stream) workspaces sized ``mib`` MiB inside the block, as they were
-    after it. torch reads CUBLAS_WORKSPACE_CONFIG whenever it makes a workspace and keeps the
-    ones it made, so both edges drop them: the caller must not replay a CUDA graph recorded
-    inside the block after it (Trainer.fit releases its graphs first). A CUBLAS_WORKSPACE_CONFIG
-    the user set wins (``torch.use_deterministic_algorithms`` needs :4096:8 or :16:8), with a line."""
-    prev = os.environ.get(_CUBLAS_ENV)
-    if mib is None:
-        yield False
-        return
-    if prev is not None:
-        log(f"cublas_workspace_mib: {mib} not applied: CUBLAS_WORKSPACE_CONFIG={prev} is set in the environment")
-        yield False
-        return
-    os.environ[_CUBLAS_ENV] = f":{int(mib) * 1024}:1"
-    _drop_cublas_workspaces()
-    try:
-        yield True
-    finally:
-        del os.environ[_CUBLAS_ENV]
-        _drop_cublas_workspaces()
-
-
-def cudnn_benchmark_for(cfg: TrainConfig) -> bool:
-    """cudnn_benchmark, resolved: null autotunes a fixed batch, not one the memory-elastic
-    controller moves (each new batch size would be tuned again)."""
-    if cfg.cudnn_benchmark is not None:
-        return cfg.cudnn_benchmark
-    return not (cfg.mode == "triaccel" and cfg.triaccel.batch.enabled)
-
-
-def resolve_buckets(cfg: TrainConfig) -> Buckets | None:
-    """The run's batch buckets (``batch_buckets``): null is the ladder when the step is captured or
-    compiled, free sizes otherwise; [] is free sizes. The configured batch, first micro-batch and the
-    elastic batch's min_batch are always among them."""
-    if cfg.batch_buckets is None:
-        if not (cfg.capture or cfg.compile):
-            return None
-        sizes = bucket_ladder(MAX_BATCH)
-    elif not cfg.batch_buckets:
-        return None
-    else:
-        sizes = cfg.batch_buckets
-    own = [cfg.batch_size, math.ceil(cfg.batch_size / cfg.accum_steps)]
-    if cfg.mode == "triaccel" and cfg.triaccel.batch.enabled:  # a shrink stops at min_batch: one more bucket
-        own.append(cfg.triaccel.batch.min_batch)
-    return Buckets((*sizes, *own))
 
 
 def example_loss_sum(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -220,50 +83,6 @@ def correct_count(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Target positions where the arg-max logit is the target: top-1 accuracy's numerator, per
     image for a classifier, per next token for a language model (divide by ``y.numel()``)."""
     return (out.argmax(-1) == y).sum()
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def param_groups(model: nn.Module, per_layer: bool) -> list[dict]:
-    """One group per layer (``triaccel.precision.layer_plan``: per-layer lr) plus one for the rest
-    (norms, parameters of no layer), or one group. Every trainable parameter is in exactly one
-    group (a tied weight once); frozen ones in none."""
-    if not per_layer:
-        return [{"params": [p for p in model.parameters() if p.requires_grad], "name": "all"}]
-    plan = layer_plan(model)
-    groups = [{"params": list(ps), "name": name} for name, ps in zip(plan.names, plan.params)]
-    seen = {id(p) for ps in plan.params for p in ps}
-    rest = [p for p in model.parameters() if p.requires_grad and id(p) not in seen]
-    if rest:
-        groups.append({"params": rest, "name": "_other"})
-    return groups
-
-
-def _changed_keys(default, given, prefix: str) -> list[str]:
-    """The dotted keys where dataclass ``given`` differs from ``default``."""
-    out = []
-    for f in dataclasses.fields(default):
-        a, b = getattr(default, f.name), getattr(given, f.name)
-        if dataclasses.is_dataclass(a):
-            out += _changed_keys(a, b, f"{prefix}{f.name}.")
-        elif a != b:
-            out.append(prefix + f.name)
-    return out
-
-
-def _set_triaccel_keys(given: TriAccelConfig) -> list[str]:
-    """The triaccel keys a config set: its policy (when not the default) and the keys that differ from
-    what that policy fills in, leaving out stats_every where it follows control_every."""
-    base = from_dict(TriAccelConfig, {"policy": given.policy, "control_every": given.control_every})
-    keys = (["triaccel.policy"] if given.policy != TriAccelConfig().policy else []) + sorted(
-        _changed_keys(base, given, "triaccel."))
-    if given.control_every != TriAccelConfig().control_every:
-        keys.append("triaccel.control_every")
-    return keys
 
 
 ADAPTIVE = frozenset({"batch_size", "micro_batch", "batch_lr_factor", "lr_scales"})
@@ -289,16 +108,32 @@ class Trainer:
 
     # ================================================================== setup
     def setup(self) -> "Trainer":
+        """Device, data, model, optimizer, the knobs the control loop turns, then the callbacks' own set-up."""
+        self._setup_device()
+        held_before, data_bytes = self._setup_data()
+        self._setup_model()
+        self._setup_optimizer()
+        self._setup_knobs(held_before, data_bytes)
+        self._setup_counters()
+        self._sealed = True  # from here on, apply() is the one writer of the adaptive state
+        for cb in self.callbacks:
+            cb.on_setup(self)
+        return self
+
+    def _setup_device(self) -> None:
         cfg = self.cfg
         seed_everything(cfg.seed)
         self.device = resolve_device(cfg.device)
-        _check_triton_device(cfg, self.device)
+        check_triton_device(cfg, self.device)
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = cudnn_benchmark_for(cfg)
             if cfg.memory_limit_fraction:
                 torch.cuda.set_per_process_memory_fraction(cfg.memory_limit_fraction, self.device)
 
-        # ---- data: held-out validation split; test touched only by the final evaluation
+    def _setup_data(self) -> tuple[int, int]:
+        """The held-out validation split (test touched only by the final evaluation) and the sampler;
+        returns (bytes the process held before, bytes the data sets took on the device)."""
+        cfg = self.cfg
         # the user's data (data.class_path: triaccel.userdef.UserSplits, batched as it is by TensorData) or a
         # built-in dataset (Splits, augmented and normalised on the device by ResidentData)
         self.user_data = cfg.data.class_path is not None
@@ -318,14 +153,16 @@ class Trainer:
         self.val_data = mk(sp.val, False, 0)
         self.test_data = mk(sp.test, False, 0)
         data_bytes = (torch.cuda.memory_allocated(self.device) - before) if self.device.type == "cuda" else 0
-        # not this run's: tensors the process held before it (an earlier run in the same process not
-        # yet collected: a search's baselines run one after another in its driver, and counting the
-        # previous one's tensors would charge a baseline for memory it does not use: 0.65 GiB against 0.39)
-        held_before = before
         self.sampler = ElasticSampler(len(self.train_data), seed=cfg.seed,
                                       device=self.device if dc.device_resident else None)
+        # ``before`` is not this run's: tensors the process held before it (an earlier run in the same process
+        # not yet collected: a search's baselines run one after another in its driver, and counting the previous
+        # one's tensors would charge a baseline for memory it does not use)
+        return before, data_bytes
 
-        # ---- model
+    def _setup_model(self) -> None:
+        """The model on the device (layout, checkpointing) and, in triaccel mode, its per-layer precision."""
+        cfg, sp = self.cfg, self.splits
         self.model = build_model(cfg.model, sp.num_classes, sp.in_channels, sp.image_size,
                                  meta=sp.meta if self.user_data else None).to(self.device)
         self.channels_last = cfg.channels_last
@@ -344,16 +181,17 @@ class Trainer:
             self.precision = PrecisionRuntime(self.model, self.device, initial=cfg.amp_dtype, log=self.log,
                                               uniform_fast_path=cfg.triaccel.uniform_fast_path,
                                               cpu_fp16=cfg.triaccel.precision.cpu_fp16)
-
         if cfg.mode != "triaccel" and cfg.triaccel != TriAccelConfig():
             # an exported config switched to mode amp keeps its triaccel section: say it is not read
             # (its optimizer_state: bf16, say, would otherwise seem to apply to the static run)
             self.log(f"[config] mode {cfg.mode}: the triaccel section is not used "
-                     f"({', '.join(_set_triaccel_keys(cfg.triaccel))} set); it applies in mode: triaccel")
+                     f"({', '.join(set_triaccel_keys(cfg.triaccel))} set); it applies in mode: triaccel")
 
-        # ---- optimizer, schedule, scaler
+    def _setup_optimizer(self) -> None:
+        """Optimizer (one group per layer in triaccel mode), lr schedule and GradScaler."""
+        cfg = self.cfg
         groups = param_groups(self.model, per_layer=cfg.mode == "triaccel")
-        self.optimizer = self._make_optimizer(groups)
+        self.optimizer = make_optimizer(cfg, groups, self.device)
         self.group_names = [g["name"] for g in self.optimizer.param_groups]
         self.lr_scales = (1.0,) * len(groups)  # per-group multipliers (curvature controller)
         self.batch_lr_factor = 1.0  # memory-elastic batch (paper mode) lr rule
@@ -361,7 +199,9 @@ class Trainer:
         self.schedule = WarmupCosine(cfg.epochs * n_train, int(cfg.warmup_epochs() * n_train))
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self._may_use_fp16())
 
-        # ---- knobs the control loop turns
+    def _setup_knobs(self, held_before: int, data_bytes: int) -> None:
+        """The knobs the control loop turns, the memory meter, and the captured or compiled step."""
+        cfg = self.cfg
         self.batch_size = cfg.batch_size
         self.micro_batch = math.ceil(cfg.batch_size / cfg.accum_steps)
         self.buckets = resolve_buckets(cfg)  # what the elastic batch and OOM splits move between
@@ -382,6 +222,8 @@ class Trainer:
                 self.log(f"[capture] CUDA graphs need a CUDA device: this run on {self.device} is eager")
         # the training forward through torch.compile (triaccel.compiled); evaluation and probes call self.model
         self.compiled = CompiledForward(self.model, cfg.compile, log=self.log) if cfg.compile else None
+
+    def _setup_counters(self) -> None:
         self.step_count = 0
         self.epoch = 0
         self.history = History()
@@ -389,10 +231,6 @@ class Trainer:
         self.skipped_steps = 0  # optimizer updates the GradScaler skipped, whole run
         self._pending_skip = None  # deferred_skip: (event, examples) of the step whose flag is in flight
         self._skip_flag = None
-        self._sealed = True  # from here on, apply() is the one writer of the adaptive state
-        for cb in self.callbacks:
-            cb.on_setup(self)
-        return self
 
     def apply(self, d: Decisions | None) -> None:
         """The one point where the adaptive state changes (controllers' decisions, OOM splits,
@@ -421,30 +259,6 @@ class Trainer:
         if self.graphs is not None and (self.batch_size, self.micro_batch,
                                         torch.backends.cudnn.benchmark) != shapes_before:
             self.graphs.reset()  # new shapes (or algorithms): the old graphs' pool would only add to the peak
-
-    def _make_optimizer(self, groups):
-        """torch.optim for fp32/amp; in triaccel mode the fused one-launch kernels on CUDA
-        (per-layer lr from a device array), torch.optim with per-layer groups elsewhere."""
-        oc, kern = self.cfg.optim, self.cfg.triaccel.kernels
-        triaccel = self.cfg.mode == "triaccel"
-        fused = triaccel and (kern == "triton" or (kern == "auto" and self.device.type == "cuda"))
-        bf16_state = triaccel and self.cfg.triaccel.precision.optimizer_state == "bf16"
-        if fused or bf16_state:  # bf16 state needs these optimizers: their reference loop off CUDA
-            from triaccel.kernels.fused_optim import FusedAdamW, FusedSGD
-
-            kw = dict(backend="triton" if fused else "torch",
-                      state_dtype=torch.bfloat16 if bf16_state else torch.float32)
-            if oc.name == "sgd":
-                return FusedSGD(groups, lr=oc.lr, momentum=oc.momentum, nesterov=oc.nesterov,
-                                weight_decay=oc.weight_decay, **kw)
-            return FusedAdamW(groups, lr=oc.lr, betas=oc.betas, weight_decay=oc.weight_decay, **kw)
-        # deferred_skip on CUDA: the fused step takes the GradScaler's found-inf flag on the device
-        # (the default step reads it back: one sync per step)
-        fused = True if self.cfg.deferred_skip and self.device.type == "cuda" else None
-        if oc.name == "sgd":
-            return torch.optim.SGD(groups, lr=oc.lr, momentum=oc.momentum, nesterov=oc.nesterov,
-                                   weight_decay=oc.weight_decay, fused=fused)
-        return torch.optim.AdamW(groups, lr=oc.lr, betas=oc.betas, weight_decay=oc.weight_decay, fused=fused)
 
     def _may_use_fp16(self) -> bool:
         if self.cfg.mode == "amp":
@@ -686,19 +500,23 @@ class Trainer:
         return tuple(x.shape), x.stride(), use_scaler, self._plan()
 
     def _recover_from_oom(self) -> None:
+        """Executes the split of an out-of-memory window: ``oom_split`` decides it, through the batch
+        controller's ``on_oom`` where a callback returns a micro-batch, as it is otherwise (no controller:
+        no size grows back, so the retry's size holds for the run)."""
         self._zero_grads()
         free_device(self.device)
         failed = self.micro_batch
         if failed <= 1:
             raise OutOfMemoryBeyondRecovery(f"out of memory with a micro-batch of 1 at step {self.step_count}")
-        # split_size is the one rule for the retry; a batch controller (the Tri-Accel loop's on_oom) decides
-        # it itself, with the same function, and caps every later size (BatchController.limit)
-        self.apply(Decisions(micro_batch=split_size(failed, self.buckets, self.batch_size)))
         self.oom_events += 1
+        d = Decisions()
+        for cb in self.callbacks:
+            d = d.merged(cb.on_oom(self, failed))
+        if d.micro_batch is None:
+            d.micro_batch = oom_split(failed, self.batch_size, self.buckets).micro_batch
+        self.apply(d)
         self.log(f"[memory] out of memory at micro-batch {failed}: retrying the same examples in "
                  f"micro-batches of {self.micro_batch}")
-        for cb in self.callbacks:
-            self.apply(cb.on_oom(self, failed))
 
     # ================================================================== evaluation
     @torch.no_grad()
@@ -751,49 +569,10 @@ class Trainer:
 
     # ================================================================== checkpoints
     def state_dict(self) -> dict:
-        self._settle_skip()  # the schedule saved is exact
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "optimizer_kind": type(self.optimizer).__name__,
-                "scaler": self.scaler.state_dict(), "schedule": self.schedule.state_dict(),
-                "sampler": self.sampler.state_dict(), "epoch": self.epoch, "step_count": self.step_count,
-                "history": self.history.epochs, "batch_size": self.batch_size, "micro_batch": self.micro_batch,
-                "lr_scales": list(self.lr_scales), "batch_lr_factor": self.batch_lr_factor,
-                "precision": self.precision.levels() if self.precision else None,
-                "callbacks": [cb.state_dict() for cb in self.callbacks],
-                "cudnn_benchmark": torch.backends.cudnn.benchmark,  # a settled batch turns autotuning on
-                "rng": {"torch": torch.get_rng_state(), "data": self.train_data.gen.get_state(),
-                        "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
-                        "python": random.getstate(), "numpy": np.random.get_state()}}
+        return trainer_state(self)
 
     def load_state_dict(self, s: dict) -> None:
-        kind = s.get("optimizer_kind")
-        if kind is not None and kind != type(self.optimizer).__name__:  # their states do not read each other
-            raise TriAccelError(f"checkpoint: its optimizer is {kind}, this run's is {type(self.optimizer).__name__} "
-                                f"(mode or triaccel.precision.optimizer_state differ): resume with the settings it "
-                                f"was saved with")
-        self.model.load_state_dict(s["model"])
-        self.optimizer.load_state_dict(s["optimizer"])
-        self.scaler.load_state_dict(s["scaler"])
-        self.schedule.load_state_dict(s["schedule"])
-        self.sampler.load_state_dict(s["sampler"])
-        self.epoch, self.step_count = s["epoch"], s["step_count"]
-        self.history.epochs = list(s["history"])
-        self.apply(Decisions(batch_size=s["batch_size"], micro_batch=s["micro_batch"],
-                             batch_lr_factor=s["batch_lr_factor"], lr_scales=tuple(s["lr_scales"]),
-                             levels=dict(zip(self.precision.names, s["precision"]))
-                             if self.precision and s["precision"] else None,
-                             cudnn_benchmark=s.get("cudnn_benchmark")))
-        for cb, st in zip(self.callbacks, s["callbacks"]):
-            cb.load_state_dict(st)
-        # generator states are CPU byte tensors; load() maps the whole checkpoint to the device, and
-        # set_state refuses a CUDA tensor (every resumed trial on a GPU would fail here)
-        torch.set_rng_state(s["rng"]["torch"].cpu())
-        self.train_data.gen.set_state(s["rng"]["data"].cpu())
-        if s["rng"].get("cuda") is not None and self.device.type == "cuda":
-            torch.cuda.set_rng_state(s["rng"]["cuda"].cpu(), self.device)
-        if s["rng"].get("python") is not None:
-            random.setstate(s["rng"]["python"])
-            np.random.set_state(s["rng"]["numpy"])
+        load_trainer_state(self, s)
 
     def save(self, path) -> None:
         tmp = f"{path}.tmp"

@@ -1,12 +1,29 @@
 """The three Tri-Accel controllers (paper §3): small pure classes, one decision method each.
 
-No model, no CUDA inside: they take statistics as plain numbers and return a frozen
-decision; the control loop (``triaccel.control``) gathers the statistics and applies the
-decisions. Step and window counts are passed in explicitly; ``state_dict`` round-trips.
+No model, no CUDA inside: each takes the window's statistics (``WindowStats``, built once per
+window by the control loop, ``triaccel.control``) and returns a frozen decision, which the loop
+turns into ``Decisions`` for ``Trainer.apply``. ``state_dict`` round-trips.
 """
-from triaccel.controllers.batch import BatchController, BatchDecision
+from __future__ import annotations
+
+from typing import Protocol, TypeVar, runtime_checkable
+
+from triaccel.controllers.batch import BatchController, BatchDecision, OomSplit, oom_split
 from triaccel.controllers.curvature import CurvatureController, CurvatureDecision
 from triaccel.controllers.precision import PrecisionController, PrecisionDecision
+from triaccel.controllers.stats import WindowStats
 
-__all__ = ["BatchController", "BatchDecision", "CurvatureController", "CurvatureDecision",
-           "PrecisionController", "PrecisionDecision"]
+D = TypeVar("D", covariant=True)
+
+
+@runtime_checkable
+class Controller(Protocol[D]):
+    """What the control loop calls on every controller: one decision per window, and its state."""
+
+    def decide(self, stats: WindowStats) -> D: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, s: dict) -> None: ...
+
+
+__all__ = ["BatchController", "BatchDecision", "Controller", "CurvatureController", "CurvatureDecision",
+           "OomSplit", "PrecisionController", "PrecisionDecision", "WindowStats", "oom_split"]

@@ -14,7 +14,7 @@ keep it from oscillating or running into the wall:
   OOM_MARGIN of the failed size, a bucket with buckets): no later size goes above it, and it is
   saved with the controller's state, so a resumed run keeps it;
 - ``cooldown`` windows after each change, so the next measurement sees the new size;
-- ``device_pressure`` (the whole device nearly full, from NVML, when trials share a GPU)
+- ``pressure`` (the whole device nearly full, from NVML, when trials share a GPU)
   blocks growth.
 
 Policies: ``paper`` is the rule above (the budget is the target). ``score`` targets the
@@ -48,7 +48,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from triaccel.config import BatchConfig
+from triaccel.config import MAX_BATCH, BatchConfig, TrainConfig
+from triaccel.controllers.stats import WindowStats
 
 
 def bucket_ladder(limit: int) -> tuple[int, ...]:
@@ -107,6 +108,24 @@ class Buckets:
         return f"Buckets({list(self.sizes)})"
 
 
+def resolve_buckets(cfg: TrainConfig) -> Buckets | None:
+    """The run's batch buckets (``batch_buckets``): null is the ladder when the step is captured or
+    compiled, free sizes otherwise; [] is free sizes. The configured batch, first micro-batch and the
+    elastic batch's min_batch are always among them."""
+    if cfg.batch_buckets is None:
+        if not (cfg.capture or cfg.compile):
+            return None
+        sizes = bucket_ladder(MAX_BATCH)
+    elif not cfg.batch_buckets:
+        return None
+    else:
+        sizes = cfg.batch_buckets
+    own = [cfg.batch_size, math.ceil(cfg.batch_size / cfg.accum_steps)]
+    if cfg.mode == "triaccel" and cfg.triaccel.batch.enabled:  # a shrink stops at min_batch: one more bucket
+        own.append(cfg.triaccel.batch.min_batch)
+    return Buckets((*sizes, *own))
+
+
 @dataclass(frozen=True)
 class BatchDecision:
     batch: int  # examples per optimizer update
@@ -133,14 +152,30 @@ def oom_limit(failed: int, buckets: "Buckets | None" = None) -> int:
 
 
 def split_size(failed: int, buckets: Buckets | None = None, batch: int | None = None) -> int:
-    """The micro-batch after one of ``failed`` examples ran out of memory: half of it, or with buckets
-    the largest bucket at or below half (that splits ``batch`` into buckets, when given). The one rule
-    for the retry of the failed window: the trainer uses it where no callback decides (no batch
-    controller), the controller's ``on_oom`` otherwise."""
+    """Half of ``failed``, or with buckets the largest bucket at or below half (that splits ``batch``
+    into buckets, when given): the retry's share of ``oom_split``."""
     half = max(1, failed // 2)
     if buckets is None:
         return half
     return buckets.down(half) if batch is None else buckets.micro_for(batch, half)
+
+
+@dataclass(frozen=True)
+class OomSplit:
+    micro_batch: int  # the failed window is retried in micro-batches of this size
+    ceiling: int  # the smallest micro-batch that ran out of memory in the run
+    limit: int  # no later size goes above it: oom_limit(ceiling)
+
+
+def oom_split(failed: int, batch: int, buckets: Buckets | None = None, ceiling: int | None = None) -> OomSplit:
+    """The one rule after a micro-batch of ``failed`` examples ran out of memory, in a window of ``batch``
+    examples (``ceiling``: the smallest earlier failure, if any): the retry runs the same examples in
+    micro-batches of ``split_size`` (within the limit), and from now on no size goes above
+    ``oom_limit`` of the smallest failed size. The trainer executes it: through the batch controller's
+    ``on_oom`` when one runs, as it is otherwise."""
+    ceiling = failed if ceiling is None else min(ceiling, failed)
+    limit = oom_limit(ceiling, buckets)
+    return OomSplit(min(limit, split_size(failed, buckets, batch)), ceiling, limit)
 
 
 class BatchController:
@@ -205,12 +240,12 @@ class BatchController:
             return None
         return int((limit - fit[0]) // fit[1])
 
-    def update(self, peak_bytes: float, device_pressure: bool = False, seconds: float | None = None,
-               examples: int | None = None) -> BatchDecision:
-        """One window's feedback: its allocator peak (and, for the score policy, how long its
-        ``examples`` took)."""
+    def decide(self, stats: WindowStats) -> BatchDecision:
+        """One window's feedback: ``peak_bytes`` and ``pressure`` (and, for the score policy, the
+        ``seconds`` its ``examples`` took)."""
+        peak_bytes = stats.peak_bytes
         if self.cfg.policy == "score":
-            return self._update_score(peak_bytes, seconds, examples)
+            return self._decide_score(peak_bytes, stats.seconds, stats.examples)
         c = self.cfg
         frac = peak_bytes / self.budget
         self.obs.append((self.micro, float(peak_bytes)))
@@ -224,7 +259,7 @@ class BatchController:
         if frac < c.rho_low:
             top = min(c.max_batch, self.batch) if self.cfg.mode == "constant" else c.max_batch
             grown = self._up(size + c.delta_up, top)
-            if device_pressure:
+            if stats.pressure:
                 return self._decide(size, "pressure", frac)
             if self.limit is not None and grown > self.limit:
                 grown = self.limit
@@ -274,7 +309,7 @@ class BatchController:
                 nxt = self.buckets.up(size + 1) if direction > 0 else self.buckets.down(size - 1)
         return nxt
 
-    def _update_score(self, peak_bytes: float, seconds: float | None, examples: int | None) -> BatchDecision:
+    def _decide_score(self, peak_bytes: float, seconds: float | None, examples: int) -> BatchDecision:
         c = self.cfg
         frac = peak_bytes / self.budget
         self.obs.append((self.micro, float(peak_bytes)))
@@ -373,17 +408,17 @@ class BatchController:
             self.micro = size
         return BatchDecision(self.batch, max(1, self.micro), action, frac)
 
-    def on_oom(self, micro_batch: int) -> None:
-        """A micro-batch of this size ran out of memory: the failed window is retried in micro-batches of
-        ``split_size``, and from now on no size goes above ``limit`` (OOM_MARGIN of the smallest failed size)."""
-        self.ceiling = micro_batch if self.ceiling is None else min(self.ceiling, micro_batch)
-        limit = self.limit
-        self.micro = min(limit, split_size(micro_batch, self.buckets, self.batch))
+    def on_oom(self, micro_batch: int) -> OomSplit:
+        """A micro-batch of this size ran out of memory: ``oom_split`` decides the retry and the limit, which
+        holds for the rest of the run; the controller's sizes follow it."""
+        split = oom_split(micro_batch, self.batch, self.buckets, self.ceiling)
+        self.ceiling, limit, self.micro = split.ceiling, split.limit, split.micro_batch
         # sizes above the limit are out: neither a recheck nor the settled size may go back there
         self.costs = {k: v for k, v in self.costs.items() if k <= limit}
         if self.cfg.mode == "paper":
             self.batch = max(self.cfg.min_batch, min(self.batch, limit))  # min_batch above it: micro_cap splits it
         self.cool = self.cfg.cooldown
+        return split
 
     def lr_factor(self, initial_batch: int) -> float:
         """Paper mode: the lr follows the batch by ``lr_rule``; constant mode: 1."""

@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Sequence
-
 from triaccel.config import CurvatureConfig
+from triaccel.controllers.stats import WindowStats
 
 
 @dataclass(frozen=True)
 class CurvatureDecision:
     lam: tuple  # smoothed lambda_max per layer
     lr_scale: tuple  # eta_l / eta_0 per layer
-    promote: tuple  # lambda_l > tau_curv
+    promote: tuple  # tau_curv exceeded by the lr rule's quantity: r_l (normalized) or lambda_l (paper)
 
 
 class CurvatureController:
@@ -39,17 +38,19 @@ class CurvatureController:
         """Refresh on the first step and then every ``every`` optimizer steps."""
         return step == 1 or step % self.cfg.every == 0
 
-    def update(self, topk: Sequence[Sequence[float]]) -> CurvatureDecision:
-        if len(topk) != len(self.lam):
-            raise ValueError(f"expected {len(self.lam)} layers, got {len(topk)}")
+    def decide(self, stats: WindowStats) -> CurvatureDecision:
+        """Reads ``topk`` of a curvature refresh: each layer's top-k eigenvalue estimates."""
+        topk = stats.topk
+        if topk is None or len(topk) != len(self.lam):
+            raise ValueError(f"expected {len(self.lam)} layers, got {0 if topk is None else len(topk)}")
         e = self.cfg.ema
         for i, eig in enumerate(topk):
             lam = max(0.0, max(eig)) if len(eig) else 0.0
             self.lam[i] = lam if self.lam[i] is None else e * self.lam[i] + (1 - e) * lam
         self.refreshes += 1
-        return self.decision()
+        return self._decision()
 
-    def decision(self) -> CurvatureDecision:
+    def _decision(self) -> CurvatureDecision:
         c = self.cfg
         lam = tuple(0.0 if x is None else x for x in self.lam)
         if c.lr_rule == "paper":

@@ -6,7 +6,8 @@ with three additions that keep it stable and safe:
 - hysteresis: to move up across a threshold tau, v must reach tau*(1+h); to move down it must
   fall below tau*(1-h), so a layer sitting on a threshold does not flip every window;
 - minimum dwell: after a change a layer keeps its level for ``min_dwell`` windows;
-- promotions: a layer whose curvature lambda_max exceeds tau_curv runs one level higher for
+- promotions: a layer the curvature controller flags (``WindowStats.promote``: tau_curv exceeded
+  by the quantity its lr_rule uses, lambda / median lambda by default) runs one level higher for
   that window (§3.2); a layer whose fp16 gradients overflowed (GradScaler) is moved to BF16 at
   once, dwell or not (safety beats stability).
 
@@ -15,15 +16,14 @@ thresholds apply, so a tau range means the same for every model (the paper's abs
 depends on the model, the loss scale and the stage of training).
 
 The EMA itself (v <- beta v + (1-beta) Var[grad]) is updated on the device every step by the
-gradient-statistics kernel; this class receives v once per window.
+gradient-statistics kernel; this class receives v once per control window (``WindowStats``).
 """
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Sequence
-
 from triaccel.config import PrecisionConfig
+from triaccel.controllers.stats import WindowStats
 
 LEVELS = ("fp16", "bf16", "fp32")
 
@@ -41,21 +41,19 @@ def _level(v: float, lo: float, hi: float) -> int:
 
 
 class PrecisionController:
-    def __init__(self, cfg: PrecisionConfig, n_layers: int, initial: str = "bf16", tau_curv: float | None = None):
+    def __init__(self, cfg: PrecisionConfig, n_layers: int, initial: str = "bf16"):
         self.cfg = cfg
-        self.tau_curv = tau_curv
         self.base = [LEVELS.index(initial)] * n_layers
         self.effective = list(self.base)
         self.last_change = [-(10 ** 9)] * n_layers  # window index of each layer's last base change
 
-    def update(self, variance: Sequence[float], window: int, curvature: Sequence[float] | None = None,
-               overflow: Sequence[bool] | None = None, promote: Sequence[bool] | None = None) -> PrecisionDecision:
-        """``promote``: the curvature controller's promotion flags (its lr_rule's quantity against tau_curv:
-        lambda, or lambda / median lambda); where given they decide, else ``curvature`` > tau_curv does."""
+    def decide(self, stats: WindowStats) -> PrecisionDecision:
+        """Reads ``variance``, ``overflow`` and ``promote`` of a control window (``window`` counts dwell)."""
         c, h = self.cfg, self.cfg.hysteresis
-        n = len(self.base)
-        if len(variance) != n:
-            raise ValueError(f"expected {n} variances, got {len(variance)}")
+        n, window, variance = len(self.base), stats.window, stats.variance
+        if variance is None or len(variance) != n:
+            raise ValueError(f"expected {n} variances, got {0 if variance is None else len(variance)}")
+        overflow, promote = stats.overflow, stats.promote
         reasons = [""] * n
         new_eff = []
         if c.scale == "relative":
@@ -74,9 +72,7 @@ class PrecisionController:
                 if target != cur:
                     self.base[i], self.last_change[i] = target, window
             eff = self.base[i]
-            sharp = promote[i] if promote is not None else (
-                curvature is not None and self.tau_curv is not None and curvature[i] > self.tau_curv)
-            if sharp and eff < 2:
+            if promote is not None and promote[i] and eff < 2:
                 eff += 1
                 reasons[i] = reasons[i] or "curvature"
             new_eff.append(eff)
