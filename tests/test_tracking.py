@@ -65,6 +65,7 @@ def test_a_bad_value_is_named_where_it_was_typed(tmp_path):
         f"triaccel: error: {cfg}: seed: must be in [0, 2**32), got -1"], r.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_two_processes_open_a_fresh_store_together(tmp_path):
     """#14 case 8: two searches started together on a new sqlite store raced in MLflow's schema
     migrations and one died; the store is created under a file lock now."""
