@@ -19,6 +19,67 @@ if not torch.cuda.is_available():
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
+# The suite runs in several processes (pytest-xdist, `-n` in pyproject's addopts): an end-to-end
+# search spends much of its wall time waiting (Ray's start-up and shut-down, subprocess start), so
+# three searches side by side keep the CI machine's two cores busy where one leaves them half idle.
+XDIST = bool(os.environ.get("PYTEST_XDIST_WORKER"))
+if XDIST:
+    # one intra-op thread per process: three test processes with torch's default of one thread per
+    # core oversubscribe two cores, and a stalled second thread slows a step a hundredfold; the
+    # subprocesses a test starts inherit it (Ray's trials use one thread already)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+
+# tests that a module-scoped fixture serves (one search read back by many tests) run in one
+# worker, which builds the fixture once; the longest kinds of test are handed out first
+_ORDER = {"ray_cluster": 0, "group": 1, "slow": 2}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
+def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        if item.get_closest_marker("ray_cluster"):
+            return _ORDER["ray_cluster"]
+        if any(m.name == "xdist_group" for m in item.iter_markers()):
+            return _ORDER["group"]
+        return _ORDER["slow"] if item.get_closest_marker("slow") else len(_ORDER)
+
+    for item in items:
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        if any(d.scope == "module" for fds in defs.values() for d in fds):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    items.sort(key=rank)  # stable: each kind keeps its files' order
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A ``ray_cluster`` test runs with no other test beside it (its `ray start` cluster, `ray stop
+    --force`, `--address auto` finding any running Ray): every test holds a shared lock ("room")
+    from its set-up to its tear-down, module fixtures included; a ``ray_cluster`` test holds it alone,
+    and holds the "turnstile" while it waits so no new test slips in ahead of it (flock has no
+    writer preference). One process: no locks."""
+    if not XDIST:
+        yield
+        return
+    import fcntl
+
+    folder = Path(item.config._tmp_path_factory.getbasetemp()).parent  # shared by the workers of one run
+    alone = item.get_closest_marker("ray_cluster") is not None
+    with open(folder / "triaccel-turnstile.lock", "a") as gate, open(folder / "triaccel-room.lock", "a") as room:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(room, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+
+
 @functools.lru_cache(maxsize=None)
 def template_store() -> Path:
     """An empty MLflow sqlite store, created and migrated once per test process.

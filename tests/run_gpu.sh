@@ -48,6 +48,9 @@ if [ -n "${GPU_WORKERS:-}" ] && [ -d .device/wheels ] && ! python3 -c "import xd
   python3 -m pip install -q --no-deps --target /tmp/xdist .device/wheels/*.whl >/dev/null 2>&1 \
     && export PYTHONPATH=/tmp/xdist${PYTHONPATH:+:$PYTHONPATH}
 fi
+# pyproject's addopts run three pytest-xdist workers (CI on 2 cores); this script chooses its own
+# (GPU_WORKERS), and the GPU machine's site may have no xdist: every pytest here replaces addopts
+OPTS=(-o "addopts=-ra --durations=40")
 XDIST=()
 if [ -n "${GPU_WORKERS:-}" ]; then
   [[ $GPU_WORKERS =~ ^[1-9][0-9]?$ ]] || { echo "tests/run_gpu.sh: GPU_WORKERS must be a number of workers, got '$GPU_WORKERS'" >&2; exit 2; }
@@ -78,7 +81,7 @@ if [ -n "${SHARD:-}" ]; then
   # a file that fails to import fails the shard, as it fails an unsharded run (its tests were
   # dropped from the selection and the rest passed, exit 0)
   # shellcheck disable=SC2086
-  collected=$(python3 -m pytest --collect-only -q -p no:cacheprovider ${PYTEST_ARGS:-} 2>/dev/null)
+  collected=$(python3 -m pytest "${OPTS[@]}" --collect-only -q -p no:cacheprovider ${PYTEST_ARGS:-} 2>/dev/null)
   crc=$?
   if [ "$crc" -ne 0 ]; then
     echo "GPU suite${PART:+ (part $PART)}: collecting the tests for SHARD $SHARD failed (exit $crc):"
@@ -98,7 +101,7 @@ summary() {  # the pytest summary line of a log, without its = padding
 start=$(date +%s)
 if [ ${#XDIST[@]} -eq 0 ]; then
   # shellcheck disable=SC2086
-  python3 -m pytest -q -p no:cacheprovider --junitxml="$out/gpu_tests.xml" ${PYTEST_ARGS:-} ${SEL[@]+"${SEL[@]}"} \
+  python3 -m pytest "${OPTS[@]}" -q -p no:cacheprovider --junitxml="$out/gpu_tests.xml" ${PYTEST_ARGS:-} ${SEL[@]+"${SEL[@]}"} \
     > "$out/gpu_tests.log" 2>&1
   rc=$?
   line=$(summary "$out/gpu_tests.log")
@@ -106,11 +109,11 @@ else
   # workers side by side, then the tests that start or look for a shared Ray cluster alone (beside
   # another test's Ray, `--address auto` joins it: 2026-12-01); exit 5 (none selected) is no failure
   # shellcheck disable=SC2086
-  python3 -m pytest -q -p no:cacheprovider "${XDIST[@]}" -m "not ray_cluster" --junitxml="$out/gpu_tests.xml" \
+  python3 -m pytest "${OPTS[@]}" -q -p no:cacheprovider "${XDIST[@]}" -m "not ray_cluster" --junitxml="$out/gpu_tests.xml" \
     ${PYTEST_ARGS:-} ${SEL[@]+"${SEL[@]}"} > "$out/gpu_tests.log" 2>&1
   rc=$?
   # shellcheck disable=SC2086
-  python3 -m pytest -q -p no:cacheprovider -m ray_cluster --junitxml="$out/gpu_tests_alone.xml" \
+  python3 -m pytest "${OPTS[@]}" -q -p no:cacheprovider -m ray_cluster --junitxml="$out/gpu_tests_alone.xml" \
     ${PYTEST_ARGS:-} ${SEL[@]+"${SEL[@]}"} > "$out/gpu_tests_alone.log" 2>&1
   rc2=$?
   # exit 5 (no test selected) in one pass is fine; in both, the selection matched nothing

@@ -175,7 +175,7 @@ def test_warm_start_options_are_refused_in_one_line_before_anything_is_written(t
                       (["--warm-start", "x", "--warm-start-k", "0"], "--warm-start-k"),
                       (["--warm-start", "../x"], "--warm-start")):
         r = subprocess.run([sys.executable, "-m", "triaccel.cli", "search", "--space", "s.yaml", *args],
-                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                           cwd=tmp_path, capture_output=True, text=True, timeout=600,
                            env={**__import__("os").environ, "TRIACCEL_TUNE_DIR": str(tmp_path / "tune"),
                                 "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"})
         assert r.returncode != 0 and key in r.stderr, (args, r.stderr)

@@ -79,7 +79,7 @@ def test_a_bad_command_line_is_one_line_not_a_usage_block(tmp_path, args, match)
     from triaccel.cli import main
 
     r = subprocess.run([sys.executable, "-c", "import sys; from triaccel.cli import main; sys.exit(main())", *args],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600)
     _one_clean_line(r, match)
     assert "usage:" not in r.stderr and not list(tmp_path.iterdir())
     with pytest.raises(SystemExit) as e:  # in-process too (a caller of main() gets SystemExit(2), as from argparse)
@@ -133,5 +133,5 @@ def test_reading_the_command_line_imports_no_torch():
 
     r = subprocess.run([sys.executable, "-c", "import sys; from triaccel.cli import build_parser; build_parser(); "
                         "print(sorted(m for m in ('torch', 'ray', 'mlflow', 'optuna') if m in sys.modules))"],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr[-2000:])

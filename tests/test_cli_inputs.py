@@ -364,7 +364,7 @@ def test_a_file_where_the_store_folder_goes_is_one_line(tmp_path, capsys, monkey
     assert (tmp_path / "mlruns").read_text() == "x"
     # ui replaces its process with MLflow's server: run it as its own process
     r = subprocess.run([sys.executable, "-m", "triaccel.cli", "ui", "--port", "1"], capture_output=True, text=True,
-                       timeout=120, env={**__import__("os").environ, "MLFLOW_TRACKING_URI": "sqlite:///mlruns/x.db"})
+                       timeout=600, env={**__import__("os").environ, "MLFLOW_TRACKING_URI": "sqlite:///mlruns/x.db"})
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "triaccel: error: MLFLOW_TRACKING_URI: cannot use the MLflow store sqlite:///mlruns/x.db "
         "(mlruns is a file, not a folder)"], r.stderr
@@ -382,7 +382,7 @@ def test_ui_on_a_file_that_is_no_store_is_one_line_and_starts_no_server(tmp_path
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     r = subprocess.run([sys.executable, "-m", "triaccel.cli", "ui", "--port", str(port)], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=120,
+                       capture_output=True, text=True, timeout=600,
                        env={**os.environ, "MLFLOW_TRACKING_URI": "sqlite:///n.db"})
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "MLFLOW_TRACKING_URI: cannot use the MLflow store" in lines[0] \
@@ -404,7 +404,7 @@ def test_stdout_closed_by_its_reader_stops_quietly_and_closes_the_run_killed(tmp
     first = p.stdout.readline()
     p.stdout.close()  # what head does after its line
     err = p.stderr.read().decode()
-    assert p.wait(timeout=300) == 141 and first.startswith(b"triaccel train:") and "Traceback" not in err, err
+    assert p.wait(timeout=600) == 141 and first.startswith(b"triaccel train:") and "Traceback" not in err, err
     c = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
     (run,) = c.search_runs([c.get_experiment_by_name("triaccel-train").experiment_id])
     assert run.info.status == "KILLED" and "BrokenPipeError" in run.data.tags["failure_reason"]

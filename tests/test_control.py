@@ -61,6 +61,7 @@ def test_fp16_runs_as_bf16_on_a_cpu_unless_asked_and_says_so():
         assert any("fp16 is slow on a CPU" in str(x) for x in said) is not keep
 
 
+@pytest.mark.slow
 def test_control_loop_acts_and_logs_every_window(tmp_path):
     t, loop = tri_trainer(**{"epochs": 3})
     s = t.fit()
@@ -90,6 +91,7 @@ def test_control_loop_acts_and_logs_every_window(tmp_path):
         assert g[i]["lr"] / g[0]["lr"] == pytest.approx(t.lr_scales[i] / t.lr_scales[0], rel=1e-9)
 
 
+@pytest.mark.slow
 def test_triaccel_accuracy_close_to_amp():
     """Margin: the triaccel run is within 5 pp of the static bf16 AMP run on the digits set."""
     over = {"epochs": 8, "model.width": 16}

@@ -8,7 +8,7 @@ from conftest import ROOT
 
 def test_wheel_contents(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                        str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+                        str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     (whl,) = tmp_path.glob("*.whl")
     names = zipfile.ZipFile(whl).namelist()

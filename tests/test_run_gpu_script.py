@@ -38,7 +38,7 @@ def _run(root, shard, args="tests"):
     env = _env("GPU_WORKERS")
     env.update(PATH=f"{root / 'bin'}:{env['PATH']}", OUT=str(root / "out"), SHARD=shard, PYTEST_ARGS=args)
     return subprocess.run(["bash", str(root / "tests" / "run_gpu.sh")], env=env, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=600)
 
 
 def test_shard_reports_a_collection_error(tmp_path):
@@ -69,7 +69,7 @@ def test_out_folder_that_does_not_exist_yet_is_made(tmp_path):
     env = _env("GPU_WORKERS", "SHARD")
     env.update(PATH=f"{root / 'bin'}:{env['PATH']}", OUT=str(root / "out" / "part" / "cuda"), PYTEST_ARGS="tests")
     r = subprocess.run(["bash", str(root / "tests" / "run_gpu.sh")], env=env, capture_output=True, text=True,
-                       timeout=300)
+                       timeout=600)
     assert r.returncode == 0 and "3 passed" in r.stdout, r.stdout + r.stderr
     assert (root / "out" / "part" / "cuda" / "gpu_tests.log").is_file()
 
@@ -88,7 +88,7 @@ def test_workers_run_side_by_side_then_the_cluster_tests_alone(tmp_path, alone_f
     env = _env("SHARD")
     env.update(PATH=f"{root / 'bin'}:{env['PATH']}", OUT=str(root / "out"), PYTEST_ARGS="tests", GPU_WORKERS="2")
     r = subprocess.run(["bash", str(root / "tests" / "run_gpu.sh")], env=env, capture_output=True, text=True,
-                       timeout=300)
+                       timeout=600)
     first, _, alone = r.stdout.partition(" with 2 workers; alone: ")
     assert alone and "3 passed" in first and "failed" not in first, r.stdout + r.stderr
     if alone_fails:
@@ -97,7 +97,7 @@ def test_workers_run_side_by_side_then_the_cluster_tests_alone(tmp_path, alone_f
         assert r.returncode == 0 and alone.startswith("1 passed, 3 deselected"), r.stdout
     env["GPU_WORKERS"] = "many"
     r = subprocess.run(["bash", str(root / "tests" / "run_gpu.sh")], env=env, capture_output=True, text=True,
-                       timeout=300)
+                       timeout=600)
     assert r.returncode == 2 and "GPU_WORKERS must be a number" in r.stderr
 
 
@@ -114,5 +114,5 @@ def test_workers_refuse_a_selection_they_cannot_keep_or_that_selects_nothing(tmp
     env = _env("SHARD")
     env.update(PATH=f"{root / 'bin'}:{env['PATH']}", OUT=str(root / "out"), PYTEST_ARGS=args, GPU_WORKERS="2")
     r = subprocess.run(["bash", str(root / "tests" / "run_gpu.sh")], env=env, capture_output=True, text=True,
-                       timeout=300)
+                       timeout=600)
     assert r.returncode == rc and says in r.stdout + r.stderr, r.stdout + r.stderr

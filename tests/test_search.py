@@ -466,7 +466,7 @@ def test_ui_serves_the_trials_on_loopback_and_renders_in_a_browser(searched):
                         "--no-first-run", "--disable-background-networking", "--disable-component-update",
                         "--disable-sync", "--disable-quic", f"--user-data-dir={d / 'chrome'}",
                         "--window-size=1500,1000", "--virtual-time-budget=20000", f"--screenshot={shot}",
-                        f"{base}/#/experiments/{exp['experiment_id']}/runs"], capture_output=True, timeout=120)
+                        f"{base}/#/experiments/{exp['experiment_id']}/runs"], capture_output=True, timeout=600)
         assert shot.is_file() and shot.stat().st_size > 20_000  # a rendered page, not a blank one
         from PIL import Image
 
@@ -581,9 +581,9 @@ def test_address_joins_an_existing_cluster_and_a_plain_search_stays_local(tmp_pa
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     # a token on the machine (any earlier local ray.init writes one): `ray start` then turns token auth on
-    subprocess.run([*ray_cmd, "get-auth-token", "--generate"], capture_output=True, timeout=120, env=env)
+    subprocess.run([*ray_cmd, "get-auth-token", "--generate"], capture_output=True, timeout=600, env=env)
     r = subprocess.run([*ray_cmd, "start", "--head", "--port=6391", "--num-cpus=2", "--include-dashboard=false"],
-                       capture_output=True, text=True, timeout=120, env=env)
+                       capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     printed = re.search(r"--address='([^']+)'", r.stdout + r.stderr)  # what `ray start` tells the user to use
     assert printed, (r.stdout + r.stderr)[-2000:]
@@ -602,7 +602,7 @@ def test_address_joins_an_existing_cluster_and_a_plain_search_stays_local(tmp_pa
         r = cli("search", "--space", "space.yaml", "--name", "local", cwd=tmp_path)
         assert r.returncode == 0, r.stderr[-3000:]  # a running cluster does not break a local search
     finally:
-        subprocess.run([*ray_cmd, "stop", "--force"], capture_output=True, timeout=120)
+        subprocess.run([*ray_cmd, "stop", "--force"], capture_output=True, timeout=600)
 
 
 def test_readme_main_job_runs_as_written(tmp_path):

@@ -41,7 +41,7 @@ def test_resume_while_another_driver_holds_the_search_is_refused_until_it_dies(t
     try:
         assert holder.stdout.readline().strip() == "held"
         before = sorted(p.name for p in d.iterdir())
-        r = cli("resume", "x", cwd=tmp_path, timeout=120)
+        r = cli("resume", "x", cwd=tmp_path, timeout=600)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
         assert r.stderr.strip().splitlines() == [
             f"triaccel: error: search 'x' is being run by pid {holder.pid} on h1 (search, since then): one search "
@@ -50,7 +50,7 @@ def test_resume_while_another_driver_holds_the_search_is_refused_until_it_dies(t
     finally:
         holder.kill()
         holder.wait()
-    r = cli("resume", "x", cwd=tmp_path, timeout=120)
+    r = cli("resume", "x", cwd=tmp_path, timeout=600)
     assert "being run by" not in r.stderr, r.stderr[-2000:]  # past the lock: refused later, for its empty state
 
 
@@ -70,8 +70,8 @@ def test_resume_while_the_search_runs_is_refused_and_the_search_runs_its_trials(
             out += line
             if line.startswith("trial "):
                 break
-        r = cli("resume", "f", "--confirm", "0", cwd=tmp_path, timeout=120)
-        rest, err = proc.communicate(timeout=300)
+        r = cli("resume", "f", "--confirm", "0", cwd=tmp_path, timeout=600)
+        rest, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -120,7 +120,7 @@ def test_a_checkpoint_the_saved_state_names_but_tune_deleted_is_no_failed_trial(
         while time.monotonic() < deadline and not any(f.stat().st_size for f in folder.glob("*/result.json")):
             time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGINT)  # Tune saves a state naming the trial's checkpoint
-        proc.wait(timeout=120)
+        proc.wait(timeout=600)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -134,7 +134,7 @@ def test_a_checkpoint_the_saved_state_names_but_tune_deleted_is_no_failed_trial(
             shutil.rmtree(src)
         elif src.is_dir():
             src.rename(newer)
-    r = cli("resume", "k", "--confirm", "0", cwd=tmp_path, timeout=300)
+    r = cli("resume", "k", "--confirm", "0", cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "FAILED" not in r.stdout and "does not exist on storage" not in r.stdout + r.stderr, r.stdout[-2000:]
     c, all_runs = runs(tmp_path, "k")
@@ -168,7 +168,7 @@ def test_a_searched_section_is_refused_not_replaced(tmp_path, key, spec, example
                              f"e.g. {example}")
     parse_space(space, source="s.yaml")
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
-    r = cli("search", "--space", "space.yaml", cwd=tmp_path, timeout=120)
+    r = cli("search", "--space", "space.yaml", cwd=tmp_path, timeout=600)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
     assert f"params.{key}: names a section" in r.stderr and not (tmp_path / "mlruns").exists()
 
@@ -184,7 +184,7 @@ def test_resume_keeps_the_options_the_search_was_started_with(tmp_path):
     try:
         assert proc.stdout.readline().startswith("triaccel search 'o'")  # its state is saved
         os.killpg(proc.pid, signal.SIGINT)
-        proc.communicate(timeout=120)
+        proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -240,12 +240,12 @@ def _train_with_the_store_locked(tmp_path, hold_s, wait_s):
             except sqlite3.Error:
                 pass
             time.sleep(0.1)
-        out, err = proc.communicate(timeout=300)
+        out, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             proc.kill()
         if locker is not None:
-            locker.wait(timeout=120)
+            locker.wait(timeout=600)
     assert locker is not None, "train ended before its first epoch was in the store"
     from mlflow.tracking import MlflowClient
 
@@ -280,7 +280,7 @@ def test_ray_that_cannot_start_is_one_line_and_leaves_no_run_running(tmp_path):
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     r = subprocess.run(["bash", "-c", f"ulimit -f 2000; exec {sys.executable} -m triaccel.cli search --space "
                                       f"space.yaml --name u"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=300, env=_env())
+                       timeout=600, env=_env())
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("triaccel: error: Ray could not start on this machine ("), line

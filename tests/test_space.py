@@ -100,7 +100,7 @@ def test_cli_rejects_bad_space_before_ray_starts(tmp_path):
     p = tmp_path / "bad.yaml"
     p.write_text(yaml.safe_dump(_space(**{"optim.lr": {"distribution": "loguniform", "low": -1, "high": 1}})))
     r = subprocess.run([sys.executable, "-m", "triaccel.cli", "search", "--space", str(p)], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 2
     assert r.stderr.strip() == f"triaccel: error: {p}: params.optim.lr: a log range must be above 0, got low=-1"
     assert not (tmp_path / "mlruns" / "tune").exists()  # nothing started, nothing written
@@ -114,7 +114,7 @@ def test_cli_rejects_binary_or_empty_space_before_ray_starts(tmp_path, content, 
     p = tmp_path / "s.yaml"
     p.write_bytes(content)
     r = subprocess.run([sys.executable, "-m", "triaccel.cli", "search", "--space", str(p)], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines() == [f"triaccel: error: {p}: {match}"]
     assert not (tmp_path / "mlruns").exists()  # nothing started, nothing written
