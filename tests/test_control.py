@@ -528,3 +528,40 @@ def test_a_real_cuda_oom_settles_below_the_failed_size_and_loses_no_example():
         after = [m for j, m in calls if j == k]
         assert after and max(after) <= oom_limit(min(failed[:k])) < min(failed[:k]), (failed, k, max(after))
     assert loop.batch.limit == oom_limit(min(failed), loop.batch.buckets) and t.micro_batch <= loop.batch.limit
+
+
+def test_a_batch_window_in_which_a_new_precision_plan_took_effect_is_not_measured():
+    """The first steps under a new plan carry its new kernels (and, into fp16, the GradScaler's skipped
+    steps): on the H200 such a window made B=64 look 17x costlier than B=96 and decided the exploration.
+    The window after a plan change is not measured; the batch controller measures that size again."""
+    t, loop = tri_trainer(**{"epochs": 1, "triaccel.policy": "score", "triaccel.control_every": 10,
+                             "triaccel.batch.explore_steps": 5, "triaccel.batch.cooldown": 0,
+                             "triaccel.batch.budget_gb": 8, "triaccel.precision.tau_low": 1e9,
+                             "triaccel.precision.tau_high": 2e9, "triaccel.precision.scale": "absolute"})
+    t.fit()
+    traj = loop.trajectory
+    changed = [i for i, r in enumerate(traj) if r.get("precision_changed")]
+    assert changed, "every layer goes to fp16 at the first control window (amp_dtype bf16)"
+    nxt = [r for r in traj[changed[0] + 1:] if "batch_action" in r]
+    assert nxt and nxt[0]["batch_action"] == "hold" and nxt[0]["window_s"] != nxt[0]["window_s"]  # NaN: unmeasured
+    measured = [r for r in traj if "batch_action" in r and r["window_s"] == r["window_s"]]
+    assert measured and not loop.win_disturbed
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="cuDNN autotuning is a CUDA setting")
+def test_cudnn_autotuning_waits_until_the_batch_and_the_plan_have_settled():
+    """Each new batch size or layer dtype is autotuned anew (EfficientNet-B0 at 224 px: about a minute per
+    set on an H200): autotuning is off while either can move, on once both have settled."""
+    logs = []
+    cfg = small_cfg(**{"mode": "triaccel", "device": "cuda", "epochs": 2, "triaccel.control_every": 8,
+                       "triaccel.batch.explore_steps": 4})
+    loop = TriAccelLoop(cfg.triaccel, log=logs.append)
+    t = Trainer(cfg, callbacks=[loop], log=logs.append).setup()
+    assert torch.backends.cudnn.benchmark is False and loop.autotune_due
+    t.fit()
+    on = [m for m in logs if "cuDNN autotuning on" in m]
+    assert len(on) == 1 and torch.backends.cudnn.benchmark is True and not loop.autotune_due
+    settled = [m for m in logs if m.startswith("[batch] settled")]
+    assert settled and logs.index(settled[0]) < logs.index(on[0])
+    first_decision = next(r for r in loop.trajectory if "precision_changed" in r)
+    assert first_decision["window"] == 1  # the plan's first decision came before autotuning, not after

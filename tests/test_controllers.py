@@ -261,6 +261,29 @@ def test_score_policy_grows_to_the_cheapest_size_then_holds():
     assert max(sizes) <= c.batch * 1.5 + 8  # one step past the best at most
 
 
+def test_score_policy_never_grows_where_the_gpu_is_busy_and_grows_where_the_host_is():
+    """Exploring measures a smaller size first and grows only where the sizes measured predict a lower
+    cost. A busy GPU (EfficientNet-B0 at 224 px on an H200: time per example flat, the peak a + b*B)
+    is never grown past B0, so exploring takes no more memory than the start; a host-bound step
+    (``h200_like``: time per example ~1/B) is grown, each growth predicted from the last two sizes."""
+    busy = lambda b: (0.0003 * b, (0.4 + 0.038 * b) * GiB)  # noqa: E731
+    c = BatchController(bc(policy="score", max_batch=4096, cooldown=1), 96, 96, 100 * GiB)
+    sizes = drive(c, busy)
+    assert sizes[2] == 64 and max(sizes) == 96 and not c.exploring and c.batch < 96, sizes
+    c = BatchController(bc(policy="score", max_batch=4096, cooldown=1), 96, 96, 100 * GiB)
+    sizes = drive(c, h200_like)
+    assert sizes[2] == 64 and c.batch > 96 and c.growth_pays(96) is True
+    assert c.per[96][1] == pytest.approx(h200_like(96)[1])  # the measurement behind each kept cost
+    # a flat time per example: the next size's predicted cost is its larger peak, no gain
+    c2 = BatchController(bc(policy="score", max_batch=4096, cooldown=0), 96, 96, 100 * GiB)
+    c2.per = {64: (3e-4, busy(64)[1]), 96: (3e-4, busy(96)[1])}
+    assert c2.growth_pays(96) is False and c2.growth_pays(64) is True  # nothing measured below 64
+    s = c2.state_dict()
+    c3 = BatchController(bc(policy="score", max_batch=4096, cooldown=0), 96, 96, 100 * GiB)
+    c3.load_state_dict(s)
+    assert c3.per == c2.per and c3.direction == -1
+
+
 def test_score_policy_settles_on_the_start_when_a_larger_size_only_ties():
     """A size 1 % cheaper is within explore_tol (3 %): noise, not a reason to leave B0 (EfficientNet-B0
     at 224 px on the H200 settled at 144 for 1 % and paid 1.6x the peak memory); 10 % cheaper is."""
@@ -295,7 +318,7 @@ def test_score_policy_measures_the_start_again_before_leaving_it():
 
     c, sizes = run(first_inflation=1.3, true_gain=-0.13)  # 144 looks 13 % cheaper; really costs 13 % more
     assert not c.exploring and c.batch == 96 and c.rechecked, c.costs
-    assert sizes[:6] == [96, 144, 216, 96, 96, 96]  # explore, back to 96 for a second look, settled
+    assert sizes[:6] == [96, 64, 144, 216, 96, 96]  # smaller, then larger, back to 96 for a second look, settled
     assert c.costs[96] == pytest.approx(96e-4 * 1.0 * GiB / 96)  # the lower of its two costs
     c, _ = run(first_inflation=1.0, true_gain=0.10)  # a real 10 % gain still moves it
     assert not c.exploring and c.batch == 144 and c.rechecked
@@ -306,12 +329,13 @@ def test_score_policy_measures_the_start_again_before_leaving_it():
     c = BatchController(bc(policy="score", max_batch=4096, cooldown=1), 96, 96, 100 * GiB)
     inflated = iter([1.3, 1.3])  # its cooldown window and its first measured one
     model = lambda b: ({96: next(inflated, 1.0), 144: 1.13}.get(b, 3.0) * b * 1e-4, 1.0 * GiB)  # noqa: E731
-    sizes = drive(c, model, windows=12)
-    assert sizes[:9] == [96, 96, 144, 144, 216, 216, 96, 96, 96] and c.batch == 96 and not c.exploring
+    sizes = drive(c, model, windows=14)
+    assert sizes[:11] == [96, 96, 64, 64, 144, 144, 216, 216, 96, 96, 96] and c.batch == 96 and not c.exploring
 
     # a second look that measures higher keeps the first (lower) cost: the lower of the two counts
     c = BatchController(bc(policy="score", max_batch=4096, cooldown=0), 96, 96, 100 * GiB)
     c.decide(mem(1.0 * GiB, seconds=96e-4 * 1.2 * 10, examples=96 * 10))  # 96: 1.2 (inflated)
+    c.decide(mem(1.0 * GiB, seconds=64e-4 * 3.0 * 10, examples=64 * 10))  # 64: 3.0
     c.decide(mem(1.0 * GiB, seconds=144e-4 * 1.0 * 10, examples=144 * 10))  # 144: 1.0
     d = c.decide(mem(1.0 * GiB, seconds=216e-4 * 3.0 * 10, examples=216 * 10))  # 216: 3.0 -> recheck 96
     assert d.action == "recheck" and d.batch == 96 and c.rechecking

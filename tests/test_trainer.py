@@ -318,7 +318,9 @@ def test_cudnn_autotuning_is_off_only_while_the_batch_is_elastic():
 
     assert cudnn_benchmark_for(small_cfg(mode="amp"))
     assert not cudnn_benchmark_for(small_cfg(mode="triaccel"))  # memory-elastic batch on by default
-    assert cudnn_benchmark_for(small_cfg(**{"mode": "triaccel", "triaccel.batch.enabled": False}))
+    assert not cudnn_benchmark_for(small_cfg(**{"mode": "triaccel", "triaccel.batch.enabled": False}))  # the plan moves
+    assert cudnn_benchmark_for(small_cfg(**{"mode": "triaccel", "triaccel.batch.enabled": False,
+                                            "triaccel.precision.enabled": False}))
     assert cudnn_benchmark_for(small_cfg(**{"mode": "triaccel", "cudnn_benchmark": True}))
 
 

@@ -302,9 +302,10 @@ class BatchConfig:
     mode: Literal["paper", "constant"] = "paper"  # paper: B changes, lr follows lr_rule; constant: only micro-batch
     # paper: fill the memory budget (grow below rho_low, shrink above rho_high, steps delta_up/down);
     # score: find the size with the lowest time x peak memory per example (the efficiency score's
-    # denominator) early in the run, in short windows of explore_steps, growing by grow_factor while
-    # the cost falls (then trying smaller sizes if the first growth cost more), then hold it and switch
-    # cuDNN autotuning on. The budget (rho_high of it) stays a cap; delta_down is the step under it.
+    # denominator) early in the run, in short windows of explore_steps: a smaller size first (B0 /
+    # grow_factor), on down while the cost falls, else growing by grow_factor only where the sizes
+    # measured predict a lower cost; then hold it (cuDNN autotuning goes on once the batch and the
+    # precision plan have settled). The budget (rho_high of it) stays a cap; delta_down is the step under it.
     policy: Literal["paper", "score"] = "score"  # triaccel.policy: paper -> paper
     grow_factor: float = 1.5  # score: size ladder B0 * grow_factor^k (multiples of 8)
     explore_steps: int = 10  # score: optimizer steps per measuring window while exploring

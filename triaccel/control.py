@@ -22,6 +22,7 @@ between steps, the one writer of that state.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -37,6 +38,16 @@ from triaccel.trainer import Callback, Decisions, Trainer
 
 
 EXACT_PROBE_MAX_LAYERS = 32  # probe: auto picks exact up to this many layers, batched above
+
+
+@contextmanager
+def no_autotune():
+    prev = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = prev
 
 
 class TriAccelLoop(Callback):
@@ -120,6 +131,15 @@ class TriAccelLoop(Callback):
         # the batch controller's own window (time and examples since its last decision)
         self.win_t: float | None = None
         self.win_n, self.win_peak, self.win_excluded = 0, 0.0, 0.0
+        # a window in which a new precision plan took effect is not measured (its first steps carry the
+        # plan's new kernels and, into fp16, the GradScaler's skipped steps)
+        self.win_disturbed = False
+        # cudnn_benchmark: null is off while the batch or the plan can still move (every new shape or
+        # dtype would be autotuned again: EfficientNet-B0 at 224 px takes about a minute per set on an
+        # H200) and on once both have settled: one set, as static AMP pays
+        self.autotune_due = tr.device.type == "cuda" and tr.cfg.cudnn_benchmark is None \
+            and not torch.backends.cudnn.benchmark
+        self.plan_stable = self.prec is None
 
     def _budget(self, tr) -> float | None:
         b = self.cfg.batch
@@ -206,6 +226,9 @@ class TriAccelLoop(Callback):
             # the score counts the peak of every epoch after the first: exploring ends with it
             bd = self.batch.settle_now()
             self._apply_batch(tr, bd)
+        if self.autotune_due:  # a plan still moving after a whole epoch: autotuning waits no longer
+            self.plan_stable = True
+            self._autotune_if_settled(tr, None)
         metrics.update(self.summary())
         self.win_t = None  # evaluation ran in between: the next batch window starts afresh
         return self._take()
@@ -254,8 +277,8 @@ class TriAccelLoop(Callback):
             # every layer at probe_dtype (bf16: tensor-core products; where bf16 is unsupported, the
             # precision runtime's stated fallback)
             eigs = None
-            try:
-                with tr.precision.force(DTYPES[tr.precision.fallback[c.probe_dtype]]):
+            try:  # cuDNN autotuning off: the probe's shapes and dtype would each be tuned once more
+                with tr.precision.force(DTYPES[tr.precision.fallback[c.probe_dtype]]), no_autotune():
                     eigs = self.probe.estimate(loss_fn, static_inputs=True)
             except torch.OutOfMemoryError:
                 pass  # handled below, outside the except block that holds the probe's tensors
@@ -302,9 +325,14 @@ class TriAccelLoop(Callback):
             dec = self.prec.decide(stats)
             self.pending.levels = dict(zip(self.names, dec.levels))
             row["precision_changed"] = dec.changed
+            # settled: a window after the first decision, changing nothing
+            self.plan_stable = self.window >= 2 and dec.changed == 0
         row["peak_mem_gib"] = peak / GiB
         if batch_decides:
             row.update(self._batch_decide(tr, stats))
+        if self.prec is not None and dec.changed:
+            self.win_disturbed = True  # the batch window now starting runs the new plan's first steps
+        self._autotune_if_settled(tr, step)
         row.update(batch_size=self._now(tr, "batch_size"), micro_batch=self._now(tr, "micro_batch"),
                    lr_factor=self._now(tr, "batch_lr_factor"), levels=self._levels_now(tr),
                    variance=var[:self.L], lam=list(self.lam), lr_scale=self._lr_scale_now(tr))
@@ -327,7 +355,8 @@ class TriAccelLoop(Callback):
         examples and device pressure."""
         seconds = None
         peak, self.win_peak = max(peak, self.win_peak), 0.0
-        if self.win_t is not None and self.win_n > 0:
+        disturbed, self.win_disturbed = self.win_disturbed, False
+        if self.win_t is not None and self.win_n > 0 and not disturbed:
             sync(tr.device)
             seconds = time.perf_counter() - self.win_t - self.win_excluded
         pressure = False
@@ -346,14 +375,21 @@ class TriAccelLoop(Callback):
 
     def _apply_batch(self, tr, bd) -> None:
         if bd.action == "settle":
-            msg = f"[batch] settled at B={bd.batch} (cost per example by size: " + ", ".join(
-                f"{k}: {v / GiB * 1e6:.3g}" for k, v in sorted(self.batch.costs.items())) + " GiB*us)"
-            if tr.device.type == "cuda" and tr.cfg.cudnn_benchmark is None:
-                self.pending.cudnn_benchmark = True  # one size from now on: autotune it once
-                msg += "; cuDNN autotuning on"
-            self.log(msg)
+            self.log(f"[batch] settled at B={bd.batch} (cost per example by size: " + ", ".join(
+                f"{k}: {v / GiB * 1e6:.3g}" for k, v in sorted(self.batch.costs.items())) + " GiB*us)")
         self.pending = self.pending.merged(Decisions(batch_size=bd.batch, micro_batch=bd.micro_batch,
                                                      batch_lr_factor=self.batch.lr_factor(self.initial_batch)))
+        if bd.action == "settle":
+            self._autotune_if_settled(tr, None)
+
+    def _autotune_if_settled(self, tr, step) -> None:
+        """cuDNN autotuning on, once: when the batch no longer explores and the precision plan has settled."""
+        if not self.autotune_due or not self.plan_stable or (self.batch is not None and self.batch.exploring):
+            return
+        self.autotune_due = False
+        self.pending.cudnn_benchmark = True
+        self.log(f"[control] batch and precision plan settled{f' at step {step}' if step else ''}: "
+                 f"cuDNN autotuning on")
 
     # ------------------------------------------------------------------ reporting
     def summary(self) -> dict:

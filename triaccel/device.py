@@ -72,11 +72,13 @@ def cublas_workspace(mib: int | None, log=print):
 
 
 def cudnn_benchmark_for(cfg: TrainConfig) -> bool:
-    """cudnn_benchmark, resolved: null autotunes a fixed batch, not one the memory-elastic
-    controller moves (each new batch size would be tuned again)."""
+    """cudnn_benchmark at the start, resolved: null autotunes a fixed batch and a fixed precision, not
+    those the controllers move (each new batch size or layer dtype would be tuned again): with the
+    batch or the precision controller on, the control loop turns it on once both have settled."""
     if cfg.cudnn_benchmark is not None:
         return cfg.cudnn_benchmark
-    return not (cfg.mode == "triaccel" and cfg.triaccel.batch.enabled)
+    t = cfg.triaccel
+    return not (cfg.mode == "triaccel" and (t.batch.enabled or t.precision.enabled))
 
 
 def seed_everything(seed: int) -> None:

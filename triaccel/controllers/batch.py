@@ -19,9 +19,15 @@ keep it from oscillating or running into the wall:
 
 Policies: ``paper`` is the rule above (the budget is the target). ``score`` targets the
 efficiency score's denominator instead: the cost of an example, c(B) = (seconds / example)
-x peak memory, measured in short windows early in the run. From B0 it grows by
-``grow_factor`` while c falls by more than ``explore_tol``; if the first growth costs more it
-tries smaller sizes instead; then it settles on the cheapest size measured and holds it for
+x peak memory, measured in short windows early in the run. From B0 it first measures the next
+smaller size (B0 / ``grow_factor``): its peak is below B0's, so exploring takes no memory the
+start does not. It goes on down while c falls by more than ``explore_tol``. Otherwise it grows
+from B0 only where the two sizes measured last predict that growth pays: the seconds per
+example extrapolated along their power law, the peak along their line (``growth_pays``). A GPU
+that is already busy at B0 (EfficientNet-B0 at 224 px on an H200: flat time per example)
+predicts a higher cost and is never grown into 1.5x the memory; a host-bound step (ResNet-18
+at 32 px: the time per example falls as 1/B) predicts a lower one and grows, each step measured
+and predicted again. Then it settles on the cheapest size measured and holds it for
 the rest of the run (leaving B0 only after measuring B0 a second time, each size keeping its
 lower cost; of sizes within ``explore_tol`` of the cheapest, the one nearest B0: a
 measured tie is noise, and moving off B0 for it costs EfficientNet-B0 at 224 px 1.6x the peak
@@ -199,7 +205,8 @@ class BatchController:
         # score policy: exploring until it settles; the cost measured at each size
         self.exploring = cfg.policy == "score"
         self.costs: dict[int, float] = {}
-        self.direction = 1
+        self.per: dict[int, tuple[float, float]] = {}  # size -> (seconds per example, peak bytes) of its kept cost
+        self.direction = -1  # a smaller size first (its peak is below the start's)
         self.start = self.elastic  # B0 (paper mode) or the first micro-batch (constant mode)
         self.rechecked = False  # the start measured a second time before settling elsewhere
         self.rechecking = False  # the window being measured is that second look
@@ -317,6 +324,7 @@ class BatchController:
         if frac > c.rho_high:  # the budget is a cap in every phase: sizes from here up are out
             self._note_over(size)
             self.costs = {k: v for k, v in self.costs.items() if k < size}
+            self.per = {k: v for k, v in self.per.items() if k < size}
             return self._shrink(size, frac)
         if not self.exploring:
             return self._decide(size, "hold", frac)
@@ -327,19 +335,38 @@ class BatchController:
             return self._decide(size, "hold", frac)
         cost = seconds / examples * peak_bytes
         # a size measured twice keeps its lower cost: disturbances (start-up, a neighbour) only add
-        self.costs[size] = min(cost, self.costs.get(size, cost))
+        if cost <= self.costs.get(size, cost):
+            self.costs[size], self.per[size] = cost, (seconds / examples, float(peak_bytes))
         if self.rechecking:
             self.rechecking = False
             return self._settle(self._cheapest(), frac)
+        if len(self.costs) == 1:
+            return self._step(size, frac)
         best = min(self.costs, key=self.costs.get)
-        improved = best == size and (len(self.costs) == 1 or self.costs[size] <
-                                     (1 - c.explore_tol) * min(v for k, v in self.costs.items() if k != size))
-        if len(self.costs) > 1 and not improved:
-            if self.direction > 0 and len(self.costs) == 2 and best != size and max(self.costs) == size:
-                self.direction = -1  # the first growth cost more: try smaller sizes
-                return self._step(min(self.costs), frac)
-            return self._finish(frac)
-        return self._step(size, frac)
+        improved = best == size and self.costs[size] < (1 - c.explore_tol) * min(
+            v for k, v in self.costs.items() if k != size)
+        if improved and (self.direction < 0 or self.growth_pays(size)):
+            return self._step(size, frac)
+        if not improved and self.direction < 0 and len(self.costs) == 2 and self.start in self.costs:
+            self.direction = 1  # the first smaller size cost no less: growth from the start, if it pays
+            if self.growth_pays(self.start):
+                return self._step(self.start, frac)
+        return self._finish(frac)
+
+    def growth_pays(self, size: int) -> bool:
+        """Whether the next size up from ``size`` is predicted to cost ``explore_tol`` less than ``size``,
+        from ``size`` and the largest size measured below it: seconds per example along their power law
+        (s ~ B^e), the peak along their line. Without a size below it, nothing predicts: True."""
+        below = [k for k in self.per if k < size]
+        if size not in self.per or not below:
+            return True
+        a = max(below)
+        (sa, pa), (sb, pb) = self.per[a], self.per[size]
+        nxt = self._ladder(size, 1)
+        e = math.log(sb / sa) / math.log(size / a) if sa > 0 and sb > 0 else 0.0
+        s_next = sb * (nxt / size) ** e
+        p_next = pb + max(0.0, (pb - pa) / (size - a)) * (nxt - size)
+        return s_next * p_next < (1 - self.cfg.explore_tol) * sb * pb
 
     def _step(self, size: int, frac: float) -> BatchDecision:
         c = self.cfg
@@ -415,6 +442,7 @@ class BatchController:
         self.ceiling, limit, self.micro = split.ceiling, split.limit, split.micro_batch
         # sizes above the limit are out: neither a recheck nor the settled size may go back there
         self.costs = {k: v for k, v in self.costs.items() if k <= limit}
+        self.per = {k: v for k, v in self.per.items() if k <= limit}
         if self.cfg.mode == "paper":
             self.batch = max(self.cfg.min_batch, min(self.batch, limit))  # min_batch above it: micro_cap splits it
         self.cool = self.cfg.cooldown
@@ -430,6 +458,7 @@ class BatchController:
     def state_dict(self) -> dict:
         return {"batch": self.batch, "micro": self.micro, "ceiling": self.ceiling, "over": self.over, "cool": self.cool,
                 "obs": list(self.obs[-20:]), "exploring": self.exploring, "costs": dict(self.costs),
+                "per": {k: list(v) for k, v in self.per.items()},
                 "direction": self.direction, "start": self.start, "rechecked": self.rechecked,
                 "rechecking": self.rechecking}
 
@@ -439,6 +468,7 @@ class BatchController:
         self.obs = [tuple(o) for o in s["obs"]]
         self.exploring = s.get("exploring", self.exploring)
         self.costs = {int(k): v for k, v in s.get("costs", {}).items()}
+        self.per = {int(k): tuple(v) for k, v in s.get("per", {}).items()}
         self.direction = s.get("direction", 1)
         self.start = s.get("start", self.start)
         self.rechecked, self.rechecking = s.get("rechecked", False), s.get("rechecking", False)
