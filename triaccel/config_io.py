@@ -156,7 +156,7 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
             raise ConfigError(f"--set {item[:80]}: value is not valid YAML") from None
         except RecursionError:
             value = TOO_DEEP
-        problem = f"nested more than {MAX_YAML_DEPTH} levels deep" if value is TOO_DEEP else _shape_problem(value)
+        problem = _yaml_problem(value)
         if problem:
             raise ConfigError(f"--set {k.strip()}: value {problem}")
         out.append((k.strip(), value))
@@ -169,6 +169,11 @@ MAX_YAML_DEPTH = 64  # a config nests 4 levels; deeper nesting would hit Python'
 # of nine aliases each ("billion laughs") expand to 387 million, which the walk below would take minutes over
 MAX_YAML_VALUES = 100_000
 FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _yaml_problem(value) -> str | None:
+    """What makes a loaded YAML value unusable as config (too deep to load, or a shape it cannot hold), or None."""
+    return f"nested more than {MAX_YAML_DEPTH} levels deep" if value is TOO_DEEP else _shape_problem(value)
 
 
 def _shape_problem(data: Any) -> str | None:
@@ -262,7 +267,7 @@ def read_yaml(path: str | Path) -> dict:
         raise ConfigError(f"{p}: not valid YAML{where}") from None
     except RecursionError:
         data = TOO_DEEP
-    problem = f"nested more than {MAX_YAML_DEPTH} levels deep" if data is TOO_DEEP else _shape_problem(data)
+    problem = _yaml_problem(data)
     if problem:
         raise ConfigError(f"{p}: {problem}: not a config file")
     if data is None:  # an empty file, only comments or `null`: most likely the wrong file, never "all defaults"
