@@ -376,6 +376,20 @@ def test_score_policy_explores_down_when_growth_costs_more_and_keeps_the_budget_
     assert (c2.batch, c2.exploring, c2.costs) == (c.batch, c.exploring, c.costs)
 
 
+def test_batch_state_saved_with_only_the_costs_still_loads_and_keeps_them():
+    """A checkpoint from before the cost was kept as its two factors holds only the products: it
+    loads with the same costs, each peak taken from the size's last observation."""
+    c = BatchController(bc(policy="score", max_batch=4096, cooldown=0), 96, 96, 100 * GiB)
+    for size in (96, 64):
+        c.decide(mem((0.05 + 0.001 * size) * GiB, seconds=1e-4 * size * 10, examples=size * 10))
+    s = c.state_dict()
+    assert "costs" not in s and set(s["per"]) == {96, 64}  # one record of each measurement
+    old = {k: v for k, v in s.items() if k != "per"} | {"costs": c.costs}
+    c2 = BatchController(bc(policy="score", max_batch=4096, cooldown=0), 96, 96, 100 * GiB)
+    c2.load_state_dict(old)
+    assert c2.costs == pytest.approx(c.costs) and c2.per[64] == pytest.approx(c.per[64])
+
+
 def test_normalized_curvature_rule_is_scale_free_and_never_starves():
     cfg = CurvatureConfig(alpha=2.0, lr_rule="normalized", min_lr_scale=0.2, tau_curv=3.0, ema=0.0)
     lam = [[1.0], [2.0], [4.0], [8.0], [100.0]]  # median 4

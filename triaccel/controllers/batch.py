@@ -204,8 +204,7 @@ class BatchController:
         self.obs: list[tuple[int, float]] = []  # (micro_batch, peak bytes)
         # score policy: exploring until it settles; the cost measured at each size
         self.exploring = cfg.policy == "score"
-        self.costs: dict[int, float] = {}
-        self.per: dict[int, tuple[float, float]] = {}  # size -> (seconds per example, peak bytes) of its kept cost
+        self.per: dict[int, tuple[float, float]] = {}  # size -> (seconds per example, peak bytes), its lowest cost
         self.direction = -1  # a smaller size first (its peak is below the start's)
         self.start = self.elastic  # B0 (paper mode) or the first micro-batch (constant mode)
         self.rechecked = False  # the start measured a second time before settling elsewhere
@@ -316,6 +315,11 @@ class BatchController:
                 nxt = self.buckets.up(size + 1) if direction > 0 else self.buckets.down(size - 1)
         return nxt
 
+    @property
+    def costs(self) -> dict[int, float]:
+        """size -> the score policy's cost there: seconds per example x peak bytes (the lowest measured)."""
+        return {k: s * p for k, (s, p) in self.per.items()}
+
     def _decide_score(self, peak_bytes: float, seconds: float | None, examples: int) -> BatchDecision:
         c = self.cfg
         frac = peak_bytes / self.budget
@@ -323,7 +327,6 @@ class BatchController:
         size = self.elastic
         if frac > c.rho_high:  # the budget is a cap in every phase: sizes from here up are out
             self._note_over(size)
-            self.costs = {k: v for k, v in self.costs.items() if k < size}
             self.per = {k: v for k, v in self.per.items() if k < size}
             return self._shrink(size, frac)
         if not self.exploring:
@@ -336,18 +339,18 @@ class BatchController:
         cost = seconds / examples * peak_bytes
         # a size measured twice keeps its lower cost: disturbances (start-up, a neighbour) only add
         if cost <= self.costs.get(size, cost):
-            self.costs[size], self.per[size] = cost, (seconds / examples, float(peak_bytes))
+            self.per[size] = (seconds / examples, float(peak_bytes))
         if self.rechecking:
             self.rechecking = False
             return self._settle(self._cheapest(), frac)
-        if len(self.costs) == 1:
+        costs = self.costs
+        if len(costs) == 1:
             return self._step(size, frac)
-        best = min(self.costs, key=self.costs.get)
-        improved = best == size and self.costs[size] < (1 - c.explore_tol) * min(
-            v for k, v in self.costs.items() if k != size)
+        best = min(costs, key=costs.get)
+        improved = best == size and costs[size] < (1 - c.explore_tol) * min(v for k, v in costs.items() if k != size)
         if improved and (self.direction < 0 or self.growth_pays(size)):
             return self._step(size, frac)
-        if not improved and self.direction < 0 and len(self.costs) == 2 and self.start in self.costs:
+        if not improved and self.direction < 0 and len(costs) == 2 and self.start in costs:
             self.direction = 1  # the first smaller size cost no less: growth from the start, if it pays
             if self.growth_pays(self.start):
                 return self._step(self.start, frac)
@@ -441,7 +444,6 @@ class BatchController:
         split = oom_split(micro_batch, self.batch, self.buckets, self.ceiling)
         self.ceiling, limit, self.micro = split.ceiling, split.limit, split.micro_batch
         # sizes above the limit are out: neither a recheck nor the settled size may go back there
-        self.costs = {k: v for k, v in self.costs.items() if k <= limit}
         self.per = {k: v for k, v in self.per.items() if k <= limit}
         if self.cfg.mode == "paper":
             self.batch = max(self.cfg.min_batch, min(self.batch, limit))  # min_batch above it: micro_cap splits it
@@ -457,7 +459,7 @@ class BatchController:
 
     def state_dict(self) -> dict:
         return {"batch": self.batch, "micro": self.micro, "ceiling": self.ceiling, "over": self.over, "cool": self.cool,
-                "obs": list(self.obs[-20:]), "exploring": self.exploring, "costs": dict(self.costs),
+                "obs": list(self.obs[-20:]), "exploring": self.exploring,
                 "per": {k: list(v) for k, v in self.per.items()},
                 "direction": self.direction, "start": self.start, "rechecked": self.rechecked,
                 "rechecking": self.rechecking}
@@ -467,8 +469,10 @@ class BatchController:
         self.over = s.get("over")
         self.obs = [tuple(o) for o in s["obs"]]
         self.exploring = s.get("exploring", self.exploring)
-        self.costs = {int(k): v for k, v in s.get("costs", {}).items()}
         self.per = {int(k): tuple(v) for k, v in s.get("per", {}).items()}
+        if not self.per and s.get("costs"):  # a state saved with only the products: the peak from obs
+            peaks = {m: p for m, p in self.obs}
+            self.per = {int(k): (v / peaks.get(int(k), 1.0), peaks.get(int(k), 1.0)) for k, v in s["costs"].items()}
         self.direction = s.get("direction", 1)
         self.start = s.get("start", self.start)
         self.rechecked, self.rechecking = s.get("rechecked", False), s.get("rechecking", False)
