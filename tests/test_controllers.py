@@ -284,6 +284,21 @@ def test_score_policy_never_grows_where_the_gpu_is_busy_and_grows_where_the_host
     assert c3.per == c2.per and c3.direction == -1
 
 
+def test_growth_never_predicts_a_step_faster_at_a_larger_batch():
+    """Windows as EfficientNet-B0 at 224 px read them on the H200: B=64 at 603 us per example, B=96 at 270
+    (a step 33 % faster at the larger batch: noise), the peak nearly all activations. Along their power
+    law 144 would cost 0.66x; a step is never faster at a larger batch, so at best 0.98x: not worth
+    the peak. With a peak that is mostly shared memory (a resident dataset), the same times do pay."""
+    c = BatchController(bc(policy="score", max_batch=4096, cooldown=0), 96, 96, 100 * GiB)
+    c.per = {64: (603e-6, 2.80 * GiB), 96: (270e-6, 4.08 * GiB)}
+    assert c.growth_pays(96) is False
+    c.per = {64: (603e-6, 3.60 * GiB), 96: (270e-6, 4.08 * GiB)}  # 3.1 GiB shared by every size
+    assert c.growth_pays(96) is True
+    # a measured slope within the bound is used as it is: 10 % less time per example does not pay here
+    c.per = {64: (297e-6, 2.80 * GiB), 96: (270e-6, 4.08 * GiB)}
+    assert c.growth_pays(96) is False
+
+
 def test_score_policy_settles_on_the_start_when_a_larger_size_only_ties():
     """A size 1 % cheaper is within explore_tol (3 %): noise, not a reason to leave B0 (EfficientNet-B0
     at 224 px on the H200 settled at 144 for 1 % and paid 1.6x the peak memory); 10 % cheaper is."""
