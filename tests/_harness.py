@@ -13,7 +13,7 @@ from pathlib import Path
 
 from conftest import template_store
 
-# the smallest search the hardening tests need: two 1-epoch trials of the digits CNN, no baseline
+# the smallest search: two 1-epoch trials of the digits CNN, no baseline (the search modules' tests)
 SPACE = {
     "name": "h", "objective": "efficiency", "trials": 2, "concurrency": 2, "scheduler": "none", "sampler": "random",
     "seed": 0, "baseline": {"batch_sizes": []},

@@ -449,7 +449,7 @@ def test_resize_past_any_model_is_refused_naming_the_key(capsys, setting, key):
     assert load_config(None, ["model.name=efficientnet_b0", f"{key}=2048"]) is not None  # the bound is a valid side
 
 
-# ---------------------------------------------------------------- the CLI tester's report (2026-12-01)
+# ---------------------------------------------------------------- settings that were ignored or reached a traceback
 @pytest.mark.parametrize("settings,match", [
     # torch's "Nesterov momentum requires a momentum" traceback at the first step
     (["optim.nesterov=true", "optim.momentum=0"], "optim.nesterov: needs optim.momentum > 0"),
@@ -730,7 +730,7 @@ def test_a_config_link_that_leads_nowhere_says_so(tmp_path, capsys):
         _one_line(capsys, ["train", "--config", str(tmp_path / f)], "a symbolic link that leads to no file")
 
 
-# --------------------------------------------------------------------------- 3: `triaccel ui` on a port in use
+# --------------------------------------------------------------------------- `triaccel ui` on a port in use
 def _ui(tmp_path, *args):
     env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
     try:

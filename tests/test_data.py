@@ -238,7 +238,7 @@ def _class_of_pixels(images, classes):
     return [classes.index(next(c for c, col in COLOURS.items() if list(col) == p)) for p in px]
 
 
-# --------------------------------------------------------------------------- 1: stale cache
+# --------------------------------------------------------------------------- the ImageFolder cache: stale entries
 def test_cache_relabels_test_split_after_a_class_is_added_to_train(tmp_path):
     _tree(tmp_path / "data", train="bc", test="bc")
     before = load_splits(_cfg(tmp_path))
@@ -285,7 +285,7 @@ def test_size_change_and_broken_cache_file_are_decoded_again(tmp_path):
     assert not list((tmp_path / "cache").glob("*.tmp"))
 
 
-# --------------------------------------------------------------------------- 2: data the user did not mean
+# --------------------------------------------------------------------------- data the user did not mean
 def test_one_class_is_refused(tmp_path):
     _tree(tmp_path / "data", train="a", test="a")
     with pytest.raises(DataError, match=r"data/train: only one class folder \(a\); a classifier needs at least 2"):
@@ -362,7 +362,7 @@ def test_split_with_loose_images_but_no_class_folders_says_where_they_go(tmp_pat
         load_splits(_cfg(tmp_path))
 
 
-# --------------------------------------------------------------------------- 4: links, empty splits, paths, 16 bits
+# --------------------------------------------------------------------------- links, empty splits, paths, 16 bits
 def _refused(tmp_path, capsys, *sets):
     """``triaccel train`` on the ImageFolder under tmp_path/data: exit 2 and the one error line."""
     cfg = tmp_path / "c.yaml"
