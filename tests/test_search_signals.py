@@ -89,7 +89,6 @@ def test_ctrl_c_mid_search_is_no_finished_search_and_resume_finishes_it(tmp_path
 def test_ctrl_c_in_the_baselines_resumes_into_the_trials(tmp_path):
     """Ctrl-C while the baselines train (before Tune holds any state): exit 130, runs KILLED, and
     `resume` trains the baseline again and starts the trials, as the error line promises."""
-    with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
     import signal
     import sqlite3
 
@@ -239,7 +238,6 @@ def test_a_signal_in_the_confirm_runs_stops_the_search(tmp_path, sig, rc):  # it
     """Tune leaves its own SIGINT handler installed after fit() returns: Ctrl-C or SIGTERM during the confirm
     runs set an event nobody read, and the search ran on to its summary, a FINISHED parent and exit 0
     (a tester's report). Now: the exit status of a stop, runs closed KILLED, and resume finishes it."""
-    with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
     import signal
 
     space = dict(SPACE, trials=2, concurrency=2)

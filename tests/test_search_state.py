@@ -356,7 +356,6 @@ def test_a_checkpoint_the_saved_state_names_but_tune_deleted_is_no_failed_trial(
 def test_resume_keeps_the_options_the_search_was_started_with(tmp_path):
     """Resume forgot --confirm: a `search --confirm 1` stopped (Ctrl-C) resumed with no confirm run, and export
     used unconfirmed figures. The options are saved with the search and resume uses them unless given again."""
-    with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
     proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "o",
                              "--confirm", "1", "--trials", "1"], cwd=tmp_path, stdout=subprocess.PIPE,
