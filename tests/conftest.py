@@ -10,6 +10,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
+# Ctrl-C as a terminal delivers it, in every process the tests start: a shell that runs pytest as a
+# background job without job control (`pytest &` in a script, a CI runner) starts it with SIGINT
+# ignored, and an ignored signal stays ignored in every child (Python keeps SIG_IGN). The searches
+# the tests interrupt then ignore the test's SIGINT wherever Tune's own handler is not installed
+# (the baselines, the confirm runs, before fit()) and run on to exit 0: three tests failed so.
+import signal  # noqa: E402
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 import torch  # noqa: E402
 
 # Without a GPU the Triton kernels run under Triton's interpreter (must be set before they are defined).

@@ -6,23 +6,24 @@
 # one device command each (times measured there on 2026-11-30, one part at a time):
 #   PART=cuda bash tests/run_gpu.sh       # the files holding the CUDA-only tests (these skip in CI): 53 s
 #   PART=search bash tests/run_gpu.sh     # the search service (real Ray, Optuna, MLflow)
-#   PART=hardening bash tests/run_gpu.sh  # bad input, signals, disks, addresses: its Ctrl-C and
-#                                         # end-to-end searches take about a minute each there
+#   PART=modules bash tests/run_gpu.sh    # tests/test_search_*.py, the search modules end to end (bad
+#                                         # input, signals, state, disks, addresses, export): its Ctrl-C
+#                                         # and end-to-end searches take about a minute each there
 #   PART=rest bash tests/run_gpu.sh       # everything else
-# SHARD=i/n runs every n-th test of the part from the i-th (1-based): PART=hardening SHARD=1/2, then 2/2.
+# SHARD=i/n runs every n-th test of the part from the i-th (1-based): PART=modules SHARD=1/2, then 2/2.
 # Run the parts one at a time. Side by side (each with its own OUT; the install below is locked)
 # they slow each other down past a device command: on 2026-12-01 cuda took 520 s instead of 53 s
-# beside search and hardening, which finished 12 and 8 tests in 10 minutes; and hardening's
-# `--address auto` test found the Ray instance the search part had started and failed.
+# beside search and modules (then named hardening), which finished 12 and 8 tests in 10 minutes; and
+# the `--address auto` test (tests/test_search_cluster.py) found the Ray instance the search part had started and failed.
 # On the H200 the search tests run slower than on a 2-core CI machine (the Ctrl-C test: over
 # 140 s against 52 s; on 2026-12-01 the `ray start` test took 180 s, README's main job 186 s, and
-# PART=search finished 13 of its 15 tests in 570 s): run search and hardening as SHARD=1/2 and
+# PART=search finished 13 of its 15 tests in 570 s): run search and modules as SHARD=1/2 and
 # SHARD=2/2, one device command each. On 2026-12-02 PART=search SHARD=1/2 finished 8 of its 9 tests
-# in 480 s: the search and hardening parts alone need more device time than a session has.
-#   GPU_WORKERS=6 PART=ray bash tests/run_gpu.sh   # (carry .device/wheels) search and hardening
+# in 480 s: the search and modules parts alone need more device time than a session has.
+#   GPU_WORKERS=6 PART=ray bash tests/run_gpu.sh   # (carry .device/wheels) search and modules
 # together, their end-to-end searches six at a time (they run on the CPU: the 16 cores idle under
 # one at a time), then the `ray_cluster` tests alone. On the 2-core CPU machine, `pytest -n 3 -m
-# "not ray_cluster"` over both files passed all 51 in 1,008 s (2026-12-02). Timed on the H200
+# "not ray_cluster"` over these files passed all 51 in 1,008 s (2026-12-02). Timed on the H200
 # (2026-12-02, one part at a time): PART=cuda 140 passed, 34 skipped in 87 s; GPU_WORKERS=6
 # PART=rest 320 tests in 181 s; GPU_WORKERS=8 PART=ray finished 33 of its tests (none failed) in
 # the 420 s it was given: eight at a time is not eight times faster there. The whole suite
@@ -62,15 +63,17 @@ if [ -n "${GPU_WORKERS:-}" ]; then
     echo "tests/run_gpu.sh: GPU_WORKERS selects with -m itself; leave -m out of PYTEST_ARGS (use -k)" >&2; exit 2
   fi
 fi
+# the search modules end to end (cluster, params, signals, state, export, tuner): real Ray each
+SEARCH_MODULES=$(echo tests/test_search_*.py)
 CUDA_FILES="tests/test_capture.py tests/test_compiled.py tests/test_curvature.py tests/test_data.py tests/test_kernels.py tests/test_trainer.py tests/test_control.py"
 case "${PART:-}" in
   cuda) PYTEST_ARGS="$CUDA_FILES" ;;
   search) PYTEST_ARGS="tests/test_search.py" ;;
-  hardening) PYTEST_ARGS="tests/test_search_hardening.py" ;;
-  ray) PYTEST_ARGS="tests/test_search.py tests/test_search_hardening.py" ;;  # both, for GPU_WORKERS
-  rest) PYTEST_ARGS="--ignore=tests/test_search.py --ignore=tests/test_search_hardening.py $(for f in $CUDA_FILES; do printf -- '--ignore=%s ' "$f"; done)" ;;
+  modules) PYTEST_ARGS="$SEARCH_MODULES" ;;
+  ray) PYTEST_ARGS="tests/test_search.py $SEARCH_MODULES" ;;  # both, for GPU_WORKERS
+  rest) PYTEST_ARGS="$(for f in tests/test_search.py $SEARCH_MODULES $CUDA_FILES; do printf -- '--ignore=%s ' "$f"; done)" ;;
   "") ;;
-  *) echo "tests/run_gpu.sh: PART must be cuda, search, hardening, ray or rest, got '$PART'" >&2; exit 2 ;;
+  *) echo "tests/run_gpu.sh: PART must be cuda, search, modules, ray or rest, got '$PART'" >&2; exit 2 ;;
 esac
 if [ -n "${SHARD:-}" ]; then
   # "3" passed as 3/3, 1/0 ran every test and 0/2 or 3/2 overlapped other shards

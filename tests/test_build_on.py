@@ -8,25 +8,10 @@ import json
 
 import pytest
 
+from _harness import DIGITS_SPACE
 from conftest import small_cfg
 
-SPACE = {
-    "name": "b", "objective": "efficiency", "trials": 3, "concurrency": 2, "scheduler": "none",
-    "sampler": "random", "seed": 5,
-    "baseline": {"batch_sizes": [64], "accuracy_margin": 100.0},
-    "train": {"mode": "triaccel", "epochs": 2, "batch_size": 64, "device": "cpu",
-              "data": {"name": "digits", "val_fraction": 0.15, "crop_padding": 1},
-              "model": {"name": "small_cnn", "width": 8}, "optim": {"lr": 0.05, "warmup_epochs": 1},
-              "eval_batch_size": 512,
-              "triaccel": {"control_every": 5, "curvature": {"method": "fisher", "every": 10},
-                           "batch": {"budget_gb": 0.004, "min_batch": 16}}},
-    "params": {
-        "triaccel.precision.tau_low": {"distribution": "loguniform", "low": 1e-8, "high": 1e-4},
-        "triaccel.precision.tau_high": {"distribution": "loguniform", "low": 1e-6, "high": 1e-1,
-                                        "above": "triaccel.precision.tau_low"},
-        "triaccel.batch.rho_low": {"distribution": "uniform", "low": 0.3, "high": 0.7},
-    },
-}
+SPACE = DIGITS_SPACE
 
 
 # --------------------------------------------------------------------------- baselines measured once

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from _harness import free_port, searcher_trials, with_store
+
 pytestmark = pytest.mark.slow
 
 SPACE = {
@@ -69,7 +71,7 @@ def trial_runs(d, name, role="trial"):
 
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory):
-    d = tmp_path_factory.mktemp("search")
+    d = with_store(tmp_path_factory.mktemp("search"))  # a copy of the migrated template (its creation: elsewhere)
     (d / "space.yaml").write_text(yaml.safe_dump(SPACE))
     r = cli("search", "--space", "space.yaml", "--name", "t1", cwd=d)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -269,33 +271,6 @@ def test_a_cpu_space_on_a_gpu_machine_asks_for_no_gpu(monkeypatch):
     assert alone.default_confirm(None, 4, cluster.on_gpu(cpu)) == 0  # trials shared cores, not a GPU
 
 
-def _searcher_trials(d, name):
-    """Optuna's own trial list, from the searcher state Tune saved beside the experiment."""
-    import pickle
-
-    # newest session last: the file names carry the session's start time (mtimes are equal after Ray's sync)
-    files = sorted((d / "mlruns" / "tune" / name).glob("searcher-state-*.pkl"))
-    assert files, "no searcher state"
-    with open(files[-1], "rb") as f:
-        state = pickle.load(f)
-
-    def find_study(obj, depth=0):
-        if depth > 4:
-            return None
-        if type(obj).__name__ == "Study":
-            return obj
-        items = obj.items() if isinstance(obj, dict) else getattr(obj, "__dict__", {}).items()
-        for _, v in items:
-            s = find_study(v, depth + 1)
-            if s is not None:
-                return s
-        return None
-
-    study = find_study(state)
-    assert study is not None
-    return study.get_trials(deepcopy=False)
-
-
 def _wait_group_gone(pgid, timeout=60):
     """Until no live process (a zombie is not) remains in process group ``pgid``."""
     deadline = time.monotonic() + timeout
@@ -366,7 +341,7 @@ def test_sigkill_mid_search_then_resume_finishes_without_duplicates(tmp_path):
             assert x.info.end_time == before_end[x.info.run_id]
             lines = (tmp_path / "mlruns" / "tune" / "k" / x.data.tags["triaccel.trial_id"] / "result.json").read_text()
             assert len(lines.strip().splitlines()) == 4
-    trials = _searcher_trials(tmp_path, "k")
+    trials = searcher_trials(tmp_path / "mlruns" / "tune" / "k")
     import optuna
 
     complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
@@ -406,20 +381,12 @@ def test_confirm_reruns_the_best_alone_and_export_prefers_it(searched):
         assert "the peak memory" in r.stdout
 
 
-def _free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_ui_serves_the_trials_on_loopback_and_renders_in_a_browser(searched):
     import shutil
     import urllib.request
 
     d, _ = searched
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ)
     env.pop("MLFLOW_TRACKING_URI", None)
     server = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "ui", "--port", str(port)], cwd=d,
@@ -479,6 +446,7 @@ def test_ui_serves_the_trials_on_loopback_and_renders_in_a_browser(searched):
 
 
 def test_pareto_search_exports_a_front_member(tmp_path):
+    with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
     space = dict(SPACE, objective="pareto", trials=3, concurrency=2)
     space["params"] = {k: v for k, v in SPACE["params"].items() if k != "optim.lr"}
     space["train"] = dict(SPACE["train"], epochs=1)
@@ -502,6 +470,7 @@ def test_a_trial_just_below_the_margin_gets_a_second_seed_beside_the_reference(t
     a trial within `second_look` pp beyond the margin is confirmed alone, then re-run alone at the
     reference's next seed, as the reference is, and the mean of the two paired gaps decides. Here a
     slow lr puts the one trial below the reference (margin 0, a band wide enough to take it)."""
+    with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
     space = dict(SPACE, trials=1, concurrency=1, baseline={"batch_sizes": [64], "accuracy_margin": 0.0,
                                                            "second_look": 100.0})
     space["params"] = {"optim.lr": {"distribution": "categorical", "choices": [0.05, 0.002]}}
@@ -637,6 +606,7 @@ def test_the_judge_pairs_trial_and_reference_by_seed_at_the_production_length(tm
     """production_epochs: the confirmed trial and the reference are re-run alone at that length, at the
     same seeds; export decides on the paired ratios' lower bound and writes the length judged. A static
     winner is written as the static run it is: mode amp, no triaccel section."""
+    with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
     space = dict(SPACE, trials=1, concurrency=1, production_epochs=2, judge_seeds=2)
     space["params"] = {"optim.lr": {"distribution": "categorical", "choices": [0.05, 0.1]}}
     space["start"] = [{"optim.lr": 0.05}]

@@ -28,27 +28,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from _harness import DIGITS_SPACE, free_port, searcher_trials
+
 pytestmark = pytest.mark.slow
 
 # the smallest search that exercises the service: one baseline, a few 1-2 epoch trials of the digits
 # CNN on the CPU; a wide margin keeps every trial feasible (the margin is tested elsewhere)
-SPACE = {
-    "name": "team", "objective": "efficiency", "trials": 3, "concurrency": 1, "scheduler": "none",
-    "sampler": "random", "seed": 7,
-    "baseline": {"batch_sizes": [64], "accuracy_margin": 100.0},
-    "train": {"mode": "triaccel", "epochs": 1, "batch_size": 64, "device": "cpu",
-              "data": {"name": "digits", "val_fraction": 0.15, "crop_padding": 1},
-              "model": {"name": "small_cnn", "width": 8}, "optim": {"lr": 0.05, "warmup_epochs": 0.5},
-              "eval_batch_size": 512,
-              "triaccel": {"control_every": 5, "curvature": {"method": "fisher", "every": 10},
-                           "batch": {"budget_gb": 0.004, "min_batch": 16}}},
-    "params": {
-        "triaccel.precision.tau_low": {"distribution": "loguniform", "low": 1e-8, "high": 1e-4},
-        "triaccel.precision.tau_high": {"distribution": "loguniform", "low": 1e-6, "high": 1e-1,
-                                        "above": "triaccel.precision.tau_low"},
-        "triaccel.batch.rho_low": {"distribution": "uniform", "low": 0.3, "high": 0.7},
-    },
-}
+SPACE = dict(DIGITS_SPACE, name="team", concurrency=1, seed=7,
+             train=dict(DIGITS_SPACE["train"], epochs=1, optim={"lr": 0.05, "warmup_epochs": 0.5}))
 
 
 def _in_ci() -> bool:
@@ -60,12 +47,6 @@ def _missing(reason: str):
     if _in_ci():
         pytest.fail(f"{reason} (CI=true: .ci/run installs it)")
     pytest.skip(reason)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_http(url: str, proc, timeout: float, log: Path | None = None):
@@ -125,7 +106,7 @@ class Postgres:
 
     def __init__(self, bindir: Path):
         self.bindir = bindir
-        self.port = _free_port()
+        self.port = free_port()
         self.user = "triaccel"
         self.root = Path(tempfile.mkdtemp(prefix="triaccel-pg-"))
         self.data = self.root / "data"
@@ -219,7 +200,7 @@ class MlflowServer:
     def __init__(self, backend_uri: str, artifacts: Path, logdir: Path):
         self.backend_uri = backend_uri
         self.artifacts = artifacts
-        self.port = _free_port()
+        self.port = free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         self.logdir = logdir
         self.proc = None
@@ -400,7 +381,7 @@ def test_first_clients_of_a_new_postgres_store_do_not_race_and_a_bad_one_is_one_
     assert all(p.returncode == 0 and "usable" in o and no_traceback(o) for p, o in zip(procs, outs)), outs
     assert len(postgres.query("mlflow_direct", "SELECT version_num FROM alembic_version")) == 1
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
-    bad = f"postgresql+psycopg2://{postgres.user}@127.0.0.1:{_free_port()}/mlflow"
+    bad = f"postgresql+psycopg2://{postgres.user}@127.0.0.1:{free_port()}/mlflow"
     r = cli("search", "--space", "space.yaml", cwd=tmp_path, env=env_for(bad), timeout=300)
     said = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode != 0 and len(said) == 1 and said[0].startswith("triaccel: error: MLFLOW_TRACKING_URI"), said
@@ -501,7 +482,7 @@ class TwoNodeCluster:
     def __init__(self):
         # a short folder: Ray's socket paths under it must stay below the OS's 107 characters
         self.temp = Path(tempfile.mkdtemp(prefix="tri-ray-", dir="/tmp"))
-        self.port = _free_port()
+        self.port = free_port()
         self.address = None
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
         self.groups: list[int] = []
@@ -557,32 +538,6 @@ def two_nodes():
         cluster.stop()
 
 
-def _searcher_trials(tune_dir: Path):
-    """Optuna's own trial list, from the newest searcher state Tune saved beside the experiment."""
-    import pickle
-
-    files = sorted(tune_dir.glob("searcher-state-*.pkl"))
-    assert files, "no searcher state"
-    with open(files[-1], "rb") as f:
-        state = pickle.load(f)
-
-    def find_study(obj, depth=0):
-        if depth > 4:
-            return None
-        if type(obj).__name__ == "Study":
-            return obj
-        items = obj.items() if isinstance(obj, dict) else getattr(obj, "__dict__", {}).items()
-        for _, v in items:
-            s = find_study(v, depth + 1)
-            if s is not None:
-                return s
-        return None
-
-    study = find_study(state)
-    assert study is not None
-    return study.get_trials(deepcopy=False)
-
-
 @pytest.mark.ray_cluster
 def test_a_search_on_two_nodes_uses_both_and_resumes_after_its_driver_is_killed(two_nodes, tmp_path):
     trials, epochs = 6, 2
@@ -624,7 +579,7 @@ def test_a_search_on_two_nodes_uses_both_and_resumes_after_its_driver_is_killed(
             assert x.info.end_time == before_end[x.info.run_id]
     import optuna
 
-    study = _searcher_trials(tmp_path / "mlruns" / "tune" / "c")
+    study = searcher_trials(tmp_path / "mlruns" / "tune" / "c")
     complete = [t for t in study if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(complete) == trials and len(study) == trials  # Optuna's history: every trial once
     # the trials ran on both nodes: each run names its node, and the two nodes are the cluster's two

@@ -29,11 +29,27 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-try:  # torch's compile errors (BackendCompilerFailed, InductorError, Unsupported) all derive from it
-    from torch._dynamo.exc import TorchDynamoException as CompileError
-except ImportError:  # pragma: no cover - every torch this project supports has it
-    class CompileError(RuntimeError):
-        pass
+
+
+def __getattr__(name: str):
+    """``CompileError``: torch's base of its compile errors (BackendCompilerFailed, InductorError,
+    Unsupported), imported on first use: importing ``torch._dynamo`` costs about two seconds, paid
+    by every trainer process (each search trial's worker) though only a compiled run needs it."""
+    if name == "CompileError":
+        from torch._dynamo.exc import TorchDynamoException
+
+        return TorchDynamoException
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def is_compile_error(e: BaseException) -> bool:
+    """Whether ``e`` is one of torch's compile errors, without importing torch's compiler: a run
+    that compiled anything has imported it already (torch.compile does), so one that has not
+    cannot be raising one."""
+    import sys
+
+    exc = sys.modules.get("torch._dynamo.exc")
+    return exc is not None and isinstance(e, exc.TorchDynamoException)
 
 # torch's compile-time metrics (seconds per phase): the whole forward compile (tracing, AOTAutograd,
 # Inductor) and the backward's, which AOTAutograd compiles at the first backward

@@ -38,7 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from triaccel.capture import StepGraphs
-from triaccel.compiled import CompileError, CompiledForward
+from triaccel.compiled import CompiledForward, is_compile_error
 from triaccel.checkpoint import load_trainer_state, trainer_state
 from triaccel.config import TrainConfig, TriAccelConfig, set_triaccel_keys
 from triaccel.controllers.batch import oom_split, resolve_buckets
@@ -483,8 +483,8 @@ class Trainer:
                     total += self.graphs.run(self._graph_key(x, use_scaler), x, y, n, body, fresh=fresh and i == 0)
         except torch.OutOfMemoryError:
             return None  # handled outside the except block, so its frames and tensors are freed
-        except CompileError as e:  # forward or (at the first backward) backward compile
-            if self.compiled is None or self.compiled.disabled is not None:
+        except Exception as e:  # noqa: BLE001 -- torch's compile errors (forward, or backward at the first backward)
+            if self.compiled is None or self.compiled.disabled is not None or not is_compile_error(e):
                 raise
             self.compiled.fail(e, saved)  # buffers back as they were before the window
             return self._accumulate(idx, n, use_scaler)  # the same examples, eager, from zeroed gradients

@@ -1,0 +1,317 @@
+"""Signals and stops (search/signals.py): Ctrl-C and SIGTERM in the baselines, the trials and the
+confirm runs, a Ctrl-C a library wraps, a full disk met while stopping; resume finishes what was
+stopped. Real subprocesses, real local Ray, a real sqlite MLflow store, real signals."""
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from _harness import SPACE, cli, runs, user_env, with_store
+
+
+def _sigterm_when(tmp_path, name, space, ready):
+    """Start a search, send SIGTERM to its process alone (as `kill PID` or a scheduler does) once
+    ``ready()`` holds; return (returncode, stdout, stderr)."""
+    import signal
+
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", name],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=user_env(),
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None and not ready():
+            time.sleep(0.05)
+        assert proc.poll() is None, "the search ended before the moment to stop it"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, out, err
+
+
+@pytest.mark.slow
+def test_ctrl_c_mid_search_is_no_finished_search_and_resume_finishes_it(tmp_path):
+    """SIGINT to the process group, as Ctrl-C in a terminal sends it, once the first epoch is in:
+    Tune stops the trials and returns as if the search had finished; the search must say it
+    stopped (exit 130, how to resume), close its runs KILLED, and `resume` must finish it."""
+    with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
+    import re
+    import signal
+
+    space = dict(SPACE, trials=4, concurrency=2)  # two trials still to start when the first epoch is in
+    space["train"] = dict(SPACE["train"], epochs=6)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "i"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=user_env(),
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            if any(f.stat().st_size for f in (tmp_path / "mlruns" / "tune" / "i").glob("*/result.json")):
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the search ended before the first epoch was reported"
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out[-2000:] + err[-2000:]
+    assert "Traceback" not in err and "export the best" not in out
+    assert re.fullmatch(r"triaccel: interrupted: search 'i' stopped before it finished \([1-4] of 4 trials left\): "
+                        r"`triaccel resume i` continues it", err.strip().splitlines()[-1]), err[-2000:]
+    _, all_runs = runs(tmp_path, "i")
+    parent = [r for r in all_runs if r.data.tags["triaccel.role"] == "parent"]
+    assert [r.info.status for r in parent] == ["KILLED"]
+    assert not [r for r in all_runs if r.info.status == "RUNNING"]
+
+    before = [ln for ln in out.splitlines() if ln.startswith("trial ")]
+    r = cli("resume", "i", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "export the best" in r.stdout
+    after = [ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("trial ")]
+    # the resumed lines go on from the trials the first run finished, up to 4 of 4
+    assert after == [f"{i}/4" for i in range(len(before) + 1, 5)], (before, after)
+    _, all_runs = runs(tmp_path, "i")
+    trials = [r for r in all_runs if r.data.tags["triaccel.role"] == "trial"]
+    assert len(trials) == 4 and len({t.data.tags["triaccel.trial_id"] for t in trials}) == 4
+    assert all(r.info.status == "FINISHED" for r in all_runs)  # the parent included
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_the_baselines_resumes_into_the_trials(tmp_path):
+    """Ctrl-C while the baselines train (before Tune holds any state): exit 130, runs KILLED, and
+    `resume` trains the baseline again and starts the trials, as the error line promises."""
+    import signal
+    import sqlite3
+
+    space = dict(SPACE, baseline={"batch_sizes": [8]})  # small batches: seconds of baseline to interrupt
+    space["train"] = dict(SPACE["train"], epochs=12)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "ib"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=user_env(),
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:  # the baseline's first epoch is in the store
+                with contextlib.closing(sqlite3.connect(tmp_path / "mlruns" / "mlflow.db")) as db:
+                    if db.execute("select count(*) from metrics where key = 'val_acc'").fetchone()[0]:
+                        break
+            except sqlite3.Error:
+                pass
+            time.sleep(0.05)
+        assert proc.poll() is None, "the baseline ended before its first epoch was seen"
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and "Traceback" not in err, out[-2000:] + err[-2000:]
+    assert err.strip().splitlines()[-1] == ("triaccel: interrupted: search 'ib' stopped before it finished: "
+                                            "`triaccel resume ib` continues it")
+    _, all_runs = runs(tmp_path, "ib")
+    assert sorted((r.data.tags["triaccel.role"], r.info.status) for r in all_runs) == [
+        ("baseline", "KILLED"), ("parent", "KILLED")]
+
+    r = cli("resume", "ib", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _, all_runs = runs(tmp_path, "ib")
+    assert sorted((r.data.tags["triaccel.role"], r.info.status) for r in all_runs) == [
+        ("baseline", "FINISHED"), ("baseline", "KILLED"), ("parent", "FINISHED"), ("trial", "FINISHED"),
+        ("trial", "FINISHED")]
+
+
+@pytest.mark.slow
+def test_sigterm_in_the_baselines_closes_the_runs_and_resume_finishes(tmp_path):
+    """SIGTERM while a baseline trains: Python died at once (exit -15), the parent and baseline
+    runs left RUNNING in MLflow. Now as Ctrl-C: exit 143, the line saying how to resume, runs
+    KILLED; `resume` finishes the search."""
+    with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
+    import sqlite3
+
+    def baseline_epoch_in():
+        try:
+            with contextlib.closing(sqlite3.connect(tmp_path / "mlruns" / "mlflow.db")) as db:
+                return bool(db.execute("select count(*) from metrics where key = 'val_acc'").fetchone()[0])
+        except sqlite3.Error:
+            return False
+
+    space = dict(SPACE, baseline={"batch_sizes": [8]})
+    space["train"] = dict(SPACE["train"], epochs=12)
+    rc, out, err = _sigterm_when(tmp_path, "tb", space, baseline_epoch_in)
+    assert rc == 143 and "Traceback" not in err, (rc, out[-2000:], err[-2000:])
+    assert err.strip().splitlines()[-1] == ("triaccel: interrupted: search 'tb' stopped before it finished: "
+                                            "`triaccel resume tb` continues it")
+    _, all_runs = runs(tmp_path, "tb")
+    assert sorted((r.data.tags["triaccel.role"], r.info.status) for r in all_runs) == [
+        ("baseline", "KILLED"), ("parent", "KILLED")]
+    r = cli("resume", "tb", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _, all_runs = runs(tmp_path, "tb")
+    assert [r.info.status for r in all_runs if r.data.tags["triaccel.role"] == "parent"] == ["FINISHED"]
+
+
+@pytest.mark.slow
+def test_sigterm_in_the_trials_is_no_abort_and_resume_finishes(tmp_path):
+    """SIGTERM once trials report: Ray's handler aborted the driver with a stack dump (exit 134),
+    the parent run left RUNNING. Now Tune stops as for Ctrl-C: exit 143, one line, runs KILLED,
+    and `resume` runs the trials."""
+    with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
+    space = dict(SPACE)
+    space["train"] = dict(SPACE["train"], epochs=4)
+    rc, out, err = _sigterm_when(tmp_path, "tt", space, lambda: any(
+        f.stat().st_size for f in (tmp_path / "mlruns" / "tune" / "tt").glob("*/result.json")))
+    assert rc == 143 and "SIGTERM received" not in err and "Traceback" not in err, (rc, out[-2000:], err[-2000:])
+    assert err.strip().splitlines()[-1].startswith("triaccel: interrupted: search 'tt' stopped before it finished (")
+    _, all_runs = runs(tmp_path, "tt")
+    assert [r.info.status for r in all_runs if r.data.tags["triaccel.role"] == "parent"] == ["KILLED"]
+    assert not [r for r in all_runs if r.info.status == "RUNNING"]
+    r = cli("resume", "tt", cwd=tmp_path)
+    assert r.returncode == 0 and "export the best" in r.stdout, r.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_ctrl_c_wrapped_by_a_library_is_still_a_stopped_search(tmp_path):
+    """Ctrl-C (or SIGTERM, which the CLI maps to it) that lands inside MLflow's SQL layer reaches
+    the search wrapped in the library's own error: it is still a stopped search (its runs closed
+    KILLED, the line naming `resume`), not a traceback with runs left RUNNING (train did that once
+    in CI; the search had the same path). A real sqlite store."""
+    from triaccel.errors import Interrupted
+    from triaccel.search import signals, state
+    from triaccel.search.callbacks import TAG_SEARCH
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    c, exp = state.open_store(uri)
+    run = c.create_run(exp, tags={TAG_SEARCH: "w"}).info.run_id
+    other = c.create_run(exp, tags={TAG_SEARCH: "someone-else"}).info.run_id
+    with pytest.raises(Interrupted, match=r"search 'w' stopped before it finished: `triaccel resume w`"):
+        with signals.interruptible("w", uri):
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt as e:  # what sqlalchemy does with an interrupt mid-statement
+                raise RuntimeError("(sqlite3.OperationalError) interrupted") from e
+    assert c.get_run(run).info.status == "KILLED"
+    assert c.get_run(other).info.status == "RUNNING"
+    run = c.create_run(exp, tags={TAG_SEARCH: "w"}).info.run_id
+    from triaccel.errors import TriAccelError
+
+    # any other error is a failed search, not a stop: one line naming the cause and `resume`, its runs KILLED
+    with pytest.raises(TriAccelError, match=r"search 'w' stopped: not an interrupt; `triaccel resume w`") as e:
+        with signals.interruptible("w", uri):
+            raise RuntimeError("not an interrupt")
+    assert not isinstance(e.value, Interrupted) and c.get_run(run).info.status == "KILLED"
+
+
+@pytest.mark.slow
+def test_a_full_disk_met_while_stopping_is_said_as_full(tmp_path):
+    """A full disk that a Ctrl-C's clean-up ran into (Tune saving its state after the interrupt:
+    the OSError's context is the KeyboardInterrupt) is said as a full disk, as before a wrapped
+    interrupt counted as a stop: reported as stopped it hid the disk, and closing the runs wrote to
+    the full store."""
+    import errno
+
+    from triaccel.errors import Interrupted, TriAccelError
+    from triaccel.search import signals, state
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    state.open_store(uri)
+    with pytest.raises(TriAccelError, match=r"search 'w' stopped: a disk it writes is full") as ei:
+        with signals.interruptible("w", uri):
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                raise OSError(errno.ENOSPC, "No space left on device")
+    assert not isinstance(ei.value, Interrupted)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,rc", [("SIGINT", 130)])  # SIGTERM reaches the same handler (errors.stop_on_sigterm);
+def test_a_signal_in_the_confirm_runs_stops_the_search(tmp_path, sig, rc):  # it passed too, and costs CI a minute
+    """Tune leaves its own SIGINT handler installed after fit() returns: Ctrl-C or SIGTERM during the confirm
+    runs set an event nobody read, and the search ran on to its summary, a FINISHED parent and exit 0
+    (a tester's report). Now: the exit status of a stop, runs closed KILLED, and resume finishes it."""
+    import signal
+
+    space = dict(SPACE, trials=2, concurrency=2)
+    space["train"] = dict(SPACE["train"], epochs=30)  # a confirm run long enough to be interrupted (~6 s)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "c",
+                             "--confirm", "1"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=user_env(), start_new_session=True)
+    out = ""
+    try:
+        for line in proc.stdout:  # the driver prints this line, then trains the confirm run
+            out += line
+            if "re-running alone" in line:  # Ctrl-C reaches the process group; `kill PID` the driver alone
+                os.killpg(proc.pid, signal.SIGINT) if sig == "SIGINT" else proc.send_signal(signal.SIGTERM)
+                break
+        rest, err = proc.communicate(timeout=600)
+        out += rest
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "re-running alone" in out, out[-2000:]
+    assert proc.returncode == rc, out[-2000:] + err[-2000:]
+    assert "Traceback" not in err and "export the best" not in out, err[-2000:]
+    assert "`triaccel resume c` continues it" in err.strip().splitlines()[-1], err[-2000:]
+    _, all_runs = runs(tmp_path, "c")
+    assert [r.info.status for r in all_runs if r.data.tags["triaccel.role"] == "parent"] == ["KILLED"]
+    assert not [r for r in all_runs if r.info.status == "RUNNING"]
+
+    # an export of the stopped search says so, in its output and its provenance (it said nothing)
+    r = cli("export", "c", "--out", "early.yaml", cwd=tmp_path)
+    assert r.returncode == 0 and "search 'c' has not finished" in r.stderr, r.stderr[-2000:]
+    assert yaml.safe_load((tmp_path / "early.yaml").read_text())["provenance"]["search_finished"] is False
+    # resume runs the space it saved, and says so when the file has changed since (edits were ignored silently)
+    (tmp_path / "space.yaml").write_text((tmp_path / "space.yaml").read_text() + "# edited\n")
+    r = cli("resume", "c", "--confirm", "1", cwd=tmp_path)
+    assert r.returncode == 0 and "export the best" in r.stdout, r.stderr[-3000:]
+    assert "space.yaml has changed since the search started" in r.stderr, r.stderr[-2000:]
+    _, all_runs = runs(tmp_path, "c")
+    assert [r.info.status for r in all_runs if r.data.tags["triaccel.role"] == "parent"] == ["FINISHED"]
+    assert [r.info.status for r in all_runs if r.data.tags["triaccel.role"] == "confirm"].count("FINISHED") == 1
+    r = cli("export", "c", "--out", "done.yaml", cwd=tmp_path)
+    assert r.returncode == 0 and "has not finished" not in r.stderr, r.stderr[-2000:]
+    assert yaml.safe_load((tmp_path / "done.yaml").read_text())["provenance"]["search_finished"] is True
+
+
+def test_only_a_signal_that_reached_tune_makes_a_search_with_trials_left_interrupted(monkeypatch):
+    """Tune's fit() returns normally in two cases: every trial ended (an ERROR one included: a lost
+    worker), or SIGINT/SIGUSR1 reached its handler. Its saved state can lag behind (a trial still RUNNING
+    there); that state decides only where a signal came. Tune's real handler, a real SIGINT."""
+    from ray.tune.tune import _setup_signal_catching
+
+    from triaccel.errors import Interrupted
+    from triaccel.search import signals, tuner
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        with signals.own_signals() as quiet:
+            _setup_signal_catching()  # what fit() does first; it returns with the handler in place
+        with signals.own_signals() as stopped:
+            _setup_signal_catching()
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C during fit(): Tune's handler takes it
+            time.sleep(0.05)
+        after = signal.getsignal(signal.SIGINT)
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+    assert quiet.stopped is False and stopped.stopped is True
+    assert after is saved[signal.SIGINT]  # own_signals put the handler from before fit() back
+
+    monkeypatch.setattr(tuner, "left_to_run", lambda name, planned: 1)  # the saved state lags: one trial RUNNING
+    tuner.check_finished("s", 3, stopped=False)  # no signal: Tune's loop ended because every trial had
+    with pytest.raises(Interrupted, match="1 of 3 trials left"):
+        tuner.check_finished("s", 3, stopped=True)
+    with pytest.raises(Interrupted):  # not known (TUNE_DISABLE_SIGINT_HANDLER): the saved state decides
+        tuner.check_finished("s", 3, stopped=None)
+    monkeypatch.setenv("TUNE_DISABLE_SIGINT_HANDLER", "1")
+    assert signals.tune_saw_a_signal(signal.default_int_handler) is None

@@ -1,0 +1,500 @@
+"""A search's own state and its store (search/state.py): one driver per search, resume that keeps
+the options and finished trials, a lost or unreadable state, a full disk, an MLflow store that is
+unusable, fills or dies mid-search. Real subprocesses, real local Ray, a real MLflow store."""
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from _harness import SPACE, cli, free_port, run_search, runs, user_env, with_store
+
+
+# The search's driver, SIGKILLed with its local Ray the moment Tune's Tuner has been built (it
+# writes tuner.pkl as it is built) and before fit() starts the trials and writes the first
+# experiment state. A kill timed from outside (poll for tuner.pkl, then kill) raced Tune's
+# start-up: under load the experiment state could come first. Here the kill is part of the
+# program, at that point: the real CLI, Ray, Tune and MLflow up to it, nothing mocked.
+_DIE_ONCE_TUNER_BUILT = """
+import os, signal, sys
+from triaccel.cli import main
+from triaccel.search import runner
+
+real_tuner = runner.new_tuner
+
+
+def tuner_then_die(*args, **kwargs):
+    real_tuner(*args, **kwargs)  # tune.Tuner(...) writes tuner.pkl here
+    os.killpg(os.getpgrp(), signal.SIGKILL)  # the driver and its local Ray: no chance to clean up
+
+
+runner.new_tuner = tuner_then_die
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _kill_in_tune_start_up(tmp_path, name):
+    """Start a 3-trial search and kill -9 its driver once Tune wrote tuner.pkl, before its first
+    experiment state (Tune's start-up): the on-disk state of #14 case 2."""
+    import signal
+
+    space = dict(SPACE, trials=3)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    tune_dir = tmp_path / "mlruns" / "tune" / name
+    proc = subprocess.Popen([sys.executable, "-c", _DIE_ONCE_TUNER_BUILT, "search", "--space", "space.yaml",
+                             "--name", name], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=user_env(), start_new_session=True)  # its own group: killpg takes only it
+    try:
+        out, err = proc.communicate(timeout=600)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of it if it did not get there
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, (proc.returncode, out[-2000:], err[-3000:])
+    assert (tune_dir / "tuner.pkl").exists() and not list(tune_dir.glob("experiment_state-*.json")), \
+        sorted(p.name for p in tune_dir.iterdir())  # the moment of #14 case 2
+    return tune_dir
+
+
+def _state(tmp_path, name):
+    d = tmp_path / "mlruns" / "tune" / name
+    d.mkdir(parents=True)
+    (d / "triaccel_search.json").write_text(json.dumps({"space": {}, "source": "s.yaml", "sha256": "",
+                                                        "tracking_uri": "sqlite:///nowhere.db"}))
+    return d
+
+
+HOLD = ("import fcntl, json, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "os.write(fd, json.dumps({'pid': os.getpid(), 'host': 'h1', 'command': 'search', "
+        "'since': 'then'}).encode())\n"
+        "print('held', flush=True)\n"
+        "time.sleep(600)\n")
+
+
+def _named_checkpoints(folder):
+    """The checkpoints (trial/checkpoint_N) of unfinished trials that Tune's newest saved state names."""
+    states = sorted(folder.glob("experiment_state-*.json"))
+    if not states:
+        return []
+    try:
+        data = json.loads(states[-1].read_text())["trial_data"]
+    except ValueError:  # being written
+        return []
+    out = []
+    for trial, meta in data:
+        trial, last = json.loads(trial), json.loads(meta).get("last_result") or {}
+        if trial["status"] != "TERMINATED" and last.get("checkpoint_dir_name"):
+            out.append(f"{trial['trial_id']}/{last['checkpoint_dir_name']}")
+    return out
+
+
+@pytest.mark.slow
+def test_driver_killed_in_tune_start_up_resumes_the_whole_search(tmp_path):
+    """Restoring the directory a driver killed in Tune's start-up leaves made Tune plan one trial,
+    and `resume` reported a finished 1-trial search. It must run every trial the space asked for."""
+    with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
+    _kill_in_tune_start_up(tmp_path, "s")
+    r = cli("resume", "s", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "Tune saved no trial yet: starting the trials" in r.stdout
+    assert "search 's': 3 finished" in r.stdout and "3 trials in MLflow" in r.stdout, r.stdout[-2000:]
+    _, all_runs = runs(tmp_path, "s")
+    trials = [x for x in all_runs if x.data.tags["triaccel.role"] == "trial"]
+    assert len(trials) == 3 and len({t.data.tags["triaccel.trial_id"] for t in trials}) == 3
+    assert all(x.info.status == "FINISHED" for x in all_runs)  # the parent included
+
+
+@pytest.mark.slow
+def test_tune_state_planning_fewer_trials_than_the_space_is_refused_in_one_line(tmp_path):
+    """The state the earlier `resume` left after a death in Tune's start-up (Tune restored with no
+    experiment state plans one trial): resuming it can never run the rest, so `resume` refuses in
+    one line saying what to do, instead of running nothing and promising `resume` again."""
+    with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
+    tune_dir = _kill_in_tune_start_up(tmp_path, "f")
+    # what `triaccel resume` did before the fix, run for real: Tune restores tuner.pkl alone
+    old_resume = ("import sys\nfrom ray import tune\nfrom triaccel.search.cluster import init_ray\n"
+                  "from triaccel.search.state import read_state\nfrom triaccel.search.tuner import trial_trainable\n"
+                  "from triaccel.search.space import parse_space\nst = read_state('f')\n"
+                  "sp = parse_space(st['space'], source=st['source'], sha256=st['sha256'])\ninit_ray(None)\n"
+                  "tune.Tuner.restore(sys.argv[1], trainable=trial_trainable(sp, st['shared'], None), "
+                  "resume_unfinished=True).fit()\n")
+    r = subprocess.run([sys.executable, "-c", old_resume, str(tune_dir)], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=600, env=user_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    _, before = runs(tmp_path, "f", role="trial")
+    assert len(before) == 1  # Tune planned one of the space's three
+
+    r = cli("resume", "f", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [
+        f"triaccel: error: search 'f': its Tune state in {tune_dir} plans 1 of the space's 3 trials and cannot run "
+        f"the rest: start the search again under another name (`triaccel search --space space.yaml --name f2`)"]
+    _, after = runs(tmp_path, "f", role="trial")
+    assert [x.info.run_id for x in after] == [x.info.run_id for x in before]  # nothing ran
+
+
+@pytest.mark.slow
+def test_unreadable_search_state_is_one_line(tmp_path):
+    """A search state file left empty (a disk that filled as the search started) or damaged:
+    resume and export were a JSONDecodeError traceback, `searches` too (hiding every other search)."""
+    d = tmp_path / "mlruns" / "tune" / "broken"
+    d.mkdir(parents=True)
+    (d / "triaccel_search.json").write_text("")
+    line = (f"triaccel: error: search 'broken': its state {d / 'triaccel_search.json'} cannot be read (Expecting "
+            f"value: line 1 column 1 (char 0)); move that folder away to reuse the name, or start the search "
+            f"under another --name")
+    for args in (["resume", "broken"], ["export", "broken", "--out", "t.yaml"]):
+        r = cli(*args, cwd=tmp_path, timeout=600)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert r.stderr.strip().splitlines() == [line], args
+    assert not (tmp_path / "t.yaml").exists()
+    r = cli("searches", cwd=tmp_path, timeout=600)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "broken" in r.stdout and "cannot be read" in r.stdout
+
+
+@pytest.mark.slow
+def test_search_state_on_a_full_disk_takes_no_name(tmp_path):
+    """TRIACCEL_TUNE_DIR on a full disk: the state file was left empty, so the name was taken by a
+    search that could neither run nor be resumed. Now nothing is left and the same command works
+    once there is room. Needs a tmpfs mount (root in a sandbox that allows it)."""
+    with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
+    full = tmp_path / "full"
+    full.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        with contextlib.suppress(OSError), open(full / "fill", "wb", buffering=0) as f:
+            while True:
+                f.write(b"\0" * 4096)
+        (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
+        env = dict(user_env(), TRIACCEL_TUNE_DIR=str(full / "tune"))
+        r = run_search(tmp_path, "--space", "space.yaml", "--name", "f", env=env)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert r.stderr.strip().splitlines() == [
+            f"triaccel: error: {full / 'tune' / 'f'}: cannot write the search's state there (No space left on "
+            f"device; TRIACCEL_TUNE_DIR chooses another folder)"]
+        assert not (full / "tune" / "f").exists()
+    finally:
+        subprocess.run(["umount", str(full)], capture_output=True)
+
+
+@pytest.mark.slow
+def test_two_searches_of_one_name_at_once_run_one(tmp_path):
+    """Two `search --name same` started together both passed the exists check and both ran, into
+    one Tune folder and one parent run (4 trials and 2 baselines in a 2-trial search), both exit 0.
+    Now the name is claimed exclusively: the second says so in one line and writes nothing."""
+    with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
+    procs = [subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name",
+                               "same"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=user_env()) for _ in range(2)]
+    results = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
+    assert sorted(rc for rc, _ in results) == [0, 2], [(rc, err[-2000:]) for rc, err in results]
+    err = [e for rc, e in results if rc][0]
+    assert "Traceback" not in err and err.strip().splitlines() == [
+        f"triaccel: error: search 'same' already exists in {tmp_path / 'mlruns' / 'tune' / 'same'} (started "
+        f"meanwhile by another process): choose another --name"], err
+    _, all_runs = runs(tmp_path, "same")
+    assert sorted(r.data.tags["triaccel.role"] for r in all_runs) == ["parent", "trial", "trial"]
+    assert not list((tmp_path / "mlruns" / "tune" / "same").glob(".*.tmp"))
+
+
+@pytest.mark.slow
+def test_a_lost_tune_state_or_store_is_said_not_merged_or_started_anew(tmp_path):
+    """Two of a tester's finds, after one finished search: (1) with mlruns/tune/NAME deleted, a new search of
+    that name took the old baseline and parent run and ranked the old trials with its own ('6 finished' of a
+    3-trial space); (2) with the store moved away, resume trained into a new, empty store and exited 0."""
+    import shutil
+
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
+    r = cli("search", "--space", "space.yaml", "--name", "g", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    state = (tmp_path / "mlruns" / "tune" / "g" / "triaccel_search.json").read_text()
+    assert f"sqlite:///{tmp_path}/mlruns/mlflow.db" in state  # recorded absolute, not against the current folder
+    shutil.rmtree(tmp_path / "mlruns" / "tune" / "g")
+    _, before = runs(tmp_path, "g")
+    r = cli("search", "--space", "space.yaml", "--name", "g", cwd=tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "already holds runs of a search named 'g'" in lines[0], r.stderr
+    _, after = runs(tmp_path, "g")
+    assert len(after) == len(before) and not (tmp_path / "mlruns" / "tune" / "g" / "triaccel_search.json").exists()
+
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(dict(SPACE, train=dict(SPACE["train"], epochs=3))))
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "m"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=user_env(),
+                            start_new_session=True)
+    import signal
+
+    out = ""
+    try:
+        for line in proc.stdout:
+            out += line
+            if line.startswith("trial "):  # one trial in: stop it, as Ctrl-C does
+                os.killpg(proc.pid, signal.SIGINT)
+                break
+        proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out[-2000:]
+    (tmp_path / "mlruns" / "mlflow.db").rename(tmp_path / "moved.db")
+    r = cli("resume", "m", cwd=tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and f"its MLflow store {tmp_path}/mlruns/mlflow.db is gone" \
+        in lines[0], r.stderr[-2000:]
+    assert not (tmp_path / "mlruns" / "mlflow.db").exists()  # no new, empty store
+
+
+def test_resume_while_another_driver_holds_the_search_is_refused_until_it_dies(tmp_path):
+    """A second driver of one search (here a process holding the search's lock as a driver does) is refused
+    in one line naming the holder, exit 2, nothing written; once the holder is killed (-9, no clean-up) the
+    kernel has released the lock and resume gets past it."""
+    d = _state(tmp_path, "x")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(d / "driver.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = sorted(p.name for p in d.iterdir())
+        r = cli("resume", "x", cwd=tmp_path, timeout=600)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert r.stderr.strip().splitlines() == [
+            f"triaccel: error: search 'x' is being run by pid {holder.pid} on h1 (search, since then): one search "
+            f"has one driver at a time; wait for it to end (or stop it), then `triaccel resume x`"]
+        assert sorted(p.name for p in d.iterdir()) == before and not (tmp_path / "nowhere.db").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    r = cli("resume", "x", cwd=tmp_path, timeout=600)
+    assert "being run by" not in r.stderr, r.stderr[-2000:]  # past the lock: refused later, for its empty state
+
+
+@pytest.mark.slow
+def test_resume_while_the_search_runs_is_refused_and_the_search_runs_its_trials(tmp_path):
+    """`triaccel resume f` after the running search's first trial line ran a second driver: both ran, 12 trials
+    landed for 8. Now it is refused in one line and the search alone runs its trials."""
+    with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
+    space = dict(SPACE, trials=3, concurrency=1)
+    space["train"] = dict(SPACE["train"], epochs=2)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "f",
+                             "--confirm", "0"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=user_env(), start_new_session=True)
+    try:
+        out = ""
+        for line in proc.stdout:
+            out += line
+            if line.startswith("trial "):
+                break
+        r = cli("resume", "f", "--confirm", "0", cwd=tmp_path, timeout=600)
+        rest, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith(f"triaccel: error: search 'f' is being run by pid {proc.pid} on "), line
+    assert proc.returncode == 0, err[-2000:]
+    _, all_runs = runs(tmp_path, "f")
+    assert len([x for x in all_runs if x.data.tags["triaccel.role"] == "trial"]) == 3
+
+
+@pytest.mark.slow
+def test_a_checkpoint_the_saved_state_names_but_tune_deleted_is_no_failed_trial(tmp_path):
+    """Tune deletes a trial's older checkpoint as it registers a new one, and its saved state naming the new one
+    reaches storage later (synced in the background): a driver killed in between (kill -9 just after a 'trial
+    ... done' line) left a state naming a deleted checkpoint, and resume marked the trial FAILED ("Could not
+    recover from checkpoint as it does not exist on storage anymore"). That storage is made here without the
+    race: the search stopped (Ctrl-C) with a trial unfinished, its named checkpoint then moved to the next
+    index, as Tune leaves it. The trial continues from the checkpoint on storage."""
+    with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
+    space = dict(SPACE, trials=2, concurrency=1)
+    space["train"] = dict(SPACE["train"], epochs=6)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    folder = tmp_path / "mlruns" / "tune" / "k"
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "k",
+                             "--confirm", "0"], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=user_env(), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not any(f.stat().st_size for f in folder.glob("*/result.json")):
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)  # Tune saves a state naming the trial's checkpoint
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    named = _named_checkpoints(folder)
+    assert named, "the search never saved a state naming a checkpoint"
+    for rel in named:
+        src = folder / rel
+        index = int(src.name.rsplit("_", 1)[1])
+        newer = src.with_name(f"checkpoint_{index + 1:06d}")
+        if newer.is_dir():  # Tune had made the next one: only the deletion is left to do
+            shutil.rmtree(src)
+        elif src.is_dir():
+            src.rename(newer)
+    r = cli("resume", "k", "--confirm", "0", cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "FAILED" not in r.stdout and "does not exist on storage" not in r.stdout + r.stderr, r.stdout[-2000:]
+    c, all_runs = runs(tmp_path, "k")
+    trials = [x for x in all_runs if x.data.tags["triaccel.role"] == "trial"]
+    assert sorted(x.info.status for x in trials) == ["FINISHED", "FINISHED"], [x.data.tags for x in trials]
+    for x in trials:  # trained to the end, no epoch logged twice
+        steps = sorted(m.step for m in c.get_metric_history(x.info.run_id, "val_acc"))
+        assert steps[-1] == 6 and len(steps) == len(set(steps)), steps
+
+
+@pytest.mark.slow
+def test_resume_keeps_the_options_the_search_was_started_with(tmp_path):
+    """Resume forgot --confirm: a `search --confirm 1` stopped (Ctrl-C) resumed with no confirm run, and export
+    used unconfirmed figures. The options are saved with the search and resume uses them unless given again."""
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "o",
+                             "--confirm", "1", "--trials", "1"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=user_env(), start_new_session=True)
+    try:
+        assert proc.stdout.readline().startswith("triaccel search 'o'")  # its state is saved
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130
+    r = cli("resume", "o", cwd=tmp_path)
+    assert r.returncode == 0 and "confirm " in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    _, all_runs = runs(tmp_path, "o")
+    assert sorted((x.data.tags["triaccel.role"], x.info.status) for x in all_runs) == [
+        ("confirm", "FINISHED"), ("parent", "FINISHED"), ("trial", "FINISHED")]
+    r = cli("export", "o", "--out", "t.yaml", cwd=tmp_path)
+    assert r.returncode == 0 and yaml.safe_load((tmp_path / "t.yaml").read_text())["provenance"]["confirmed_alone"]
+    # a finished search resumed: said so, nothing run (it printed the summary again, as if it had run)
+    r = cli("resume", "o", cwd=tmp_path)
+    assert r.returncode == 0 and "the search has finished; nothing was left to run" in r.stdout, r.stdout[-2000:]
+    assert len(runs(tmp_path, "o")[1]) == 3
+    r = cli("searches", cwd=tmp_path)
+    assert r.returncode == 0 and next(ln for ln in r.stdout.splitlines() if ln.startswith("o ")).split()[3] == \
+        "finished", r.stdout
+
+
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("uri,why", [
+    ("foo://x", "unknown MLflow store scheme 'foo' in foo://x"),
+    ("http://127.0.0.1:{port}", "no MLflow server answers at http://127.0.0.1:{port}"),
+    ("sqlite:///space.yaml/mlflow.db",
+     "cannot use the MLflow store sqlite:///space.yaml/mlflow.db (space.yaml is a file, not a folder)"),
+])
+def test_unusable_tracking_store_is_one_line_and_takes_no_search_name(tmp_path, uri, why):
+    """MLFLOW_TRACKING_URI that cannot be used: one line naming it, exit 2, before the search writes
+    its state (it was written first, so the name was taken by a search that never ran; a sqlite
+    path under a file was a FileExistsError traceback)."""
+    port = free_port()
+    uri, why = uri.format(port=port), why.format(port=port)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
+    r = run_search(tmp_path, "--space", "space.yaml", env=dict(user_env(), MLFLOW_TRACKING_URI=uri))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"triaccel: error: MLFLOW_TRACKING_URI: {why}"), lines
+    assert not (tmp_path / "mlruns").exists()
+
+
+@pytest.mark.slow
+def test_store_filling_mid_search_is_one_line_and_resume_finishes(tmp_path):
+    """The MLflow store's disk fills while trials run: the search ended in a traceback of MLflow's
+    (exit 1). Now its last line says the disk is full and how to continue, exit 2; with room again
+    `resume` finishes it. Needs a tmpfs mount (root in a sandbox that allows it)."""
+    import signal
+
+    full = tmp_path / "full"
+    full.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(full)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        space = dict(SPACE)
+        space["train"] = dict(SPACE["train"], epochs=6)
+        (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+        env = dict(user_env(), MLFLOW_TRACKING_URI=f"sqlite:///{full}/mlflow.db")
+        proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name",
+                                 "d"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and proc.poll() is None and not any(
+                    f.stat().st_size for f in (tmp_path / "mlruns" / "tune" / "d").glob("*/result.json")):
+                time.sleep(0.1)
+            assert proc.poll() is None, "the search ended before its trials reported"
+            with contextlib.suppress(OSError), open(full / "fill", "wb", buffering=0) as f:
+                while True:
+                    f.write(b"\0" * 4096)
+            out, err = proc.communicate(timeout=600)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.returncode == 2, (proc.returncode, err[-3000:])
+        assert err.strip().splitlines()[-1] == (
+            "triaccel: error: search 'd' stopped: a disk it writes is full (database or disk is full); free space, "
+            "then `triaccel resume d` continues it"), err[-3000:]
+        (full / "fill").unlink()
+        r = subprocess.run([sys.executable, "-m", "triaccel.cli", "resume", "d"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=600, env=env)
+        assert r.returncode == 0 and "export the best" in r.stdout, r.stderr[-3000:]
+    finally:
+        subprocess.run(["umount", str(full)], capture_output=True)
+
+
+@pytest.mark.slow
+def test_an_mlflow_server_that_dies_mid_search_is_one_line_in_seconds(tmp_path):
+    """A real `mlflow server` (through `triaccel ui`), killed once a trial has reported: the search hung for
+    8.5 minutes in MLflow's retries, then a 260-line traceback (a tester's report). Now it stops within
+    seconds with one line saying how to continue."""
+    import signal
+    import urllib.request
+
+    port = free_port()
+    env = dict(user_env(), MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/srv.db")
+    server = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "ui", "--port", str(port)], cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    proc = None
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
+                break
+            time.sleep(0.5)
+        space = dict(SPACE, trials=4, concurrency=1)
+        space["train"] = dict(SPACE["train"], epochs=3)
+        (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+        proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name",
+                                 "s"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=dict(user_env(), MLFLOW_TRACKING_URI=f"http://127.0.0.1:{port}"),
+                                start_new_session=True)
+        out = ""
+        for line in proc.stdout:
+            out += line
+            if line.startswith("trial "):
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait(timeout=30)
+                t0 = time.monotonic()
+                break
+        assert "trial " in out, out[-2000:] + proc.stderr.read()[-2000:]
+        rest, err = proc.communicate(timeout=600)
+        took = time.monotonic() - t0
+    finally:
+        for p in (server, proc):
+            if p is not None and p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    lines = err.strip().splitlines()
+    assert proc.returncode == 2 and "Traceback" not in err, err[-3000:]
+    assert lines[-1].startswith(f"triaccel: error: search 's' stopped: the MLflow server at http://127.0.0.1:{port} "
+                                f"stopped answering") and "`triaccel resume s` continues" in lines[-1], err[-3000:]
+    assert took < 200, took  # MLflow's own retries took about 4 minutes a call

@@ -1,0 +1,59 @@
+"""The trials Tune runs (search/tuner.py): a killed trial worker is a failed trial and the search
+finishes. Real subprocesses, real local Ray, a real sqlite MLflow store."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from _harness import SPACE, runs, user_env, with_store
+
+
+def _training_workers(sid: int) -> list[int]:
+    """The pids of trial actors training now in the session ``sid``: process title ray::<trainable>.train
+    (Tune's with_resources names the trainable ResourceTrainable; an actor done training is titled
+    ray::SearchTrial, an idle worker ray::IDLE)."""
+    out = subprocess.run(["ps", "-eo", "pid,sid,args"], capture_output=True, text=True).stdout
+    pids = []
+    for ln in out.splitlines()[1:]:
+        pid, s, args = ln.split(None, 2)
+        if int(s) == sid and args.startswith("ray::") and ".train" in args and (
+                "ResourceTrainable" in args or "SearchTrial" in args):
+            pids.append(int(pid))
+    return pids
+
+
+@pytest.mark.slow
+def test_a_killed_trial_worker_is_a_failed_trial_and_the_search_finishes(tmp_path):
+    """kill -9 of one trial's worker mid-search: that trial is FAILED in MLflow, the others run, the
+    search finishes (exit 0, parent FINISHED); nobody stopped it, so it is never 'interrupted' (130)."""
+    with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
+    space = dict(SPACE, trials=3, concurrency=1)
+    space["train"] = dict(SPACE["train"], epochs=6)  # a trial trains for seconds: time to find and kill it
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "k"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=user_env(),
+                            start_new_session=True)
+    killed = []
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None and not killed:
+            workers = _training_workers(proc.pid)
+            if workers and any(f.stat().st_size for f in (tmp_path / "mlruns" / "tune" / "k").glob("*/result.json")):
+                os.kill(workers[0], signal.SIGKILL)
+                killed.append(workers[0])
+            time.sleep(0.2)
+        assert killed, "no trial worker was found while the search ran"
+        out, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out[-2000:] + err[-3000:]
+    assert "interrupted" not in err
+    _, trials = runs(tmp_path, "k", role="trial")
+    assert sorted(t.info.status for t in trials) == ["FAILED", "FINISHED", "FINISHED"], [t.info.status for t in trials]
+    _, parents = runs(tmp_path, "k", role="parent")
+    assert [p.info.status for p in parents] == ["FINISHED"]
