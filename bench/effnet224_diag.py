@@ -46,6 +46,7 @@ VARIANTS = {  # name -> --set overrides on top of the EfficientNet-B0 224 px con
     # the defaults from 2026-12-01 (score-aimed rules: relative tau, Fisher curvature, score batch)
     "score": ["mode=triaccel"],
     "score-nobatch": ["mode=triaccel", "triaccel.batch.enabled=false"],
+    "score-bench": ["mode=triaccel", "cudnn_benchmark=true"],  # autotuning on while the batch explores
     "score-nocurv": ["mode=triaccel", "triaccel.batch.enabled=false", "triaccel.curvature.enabled=false"],
     "score-noprec": ["mode=triaccel", "triaccel.batch.enabled=false", "triaccel.precision.enabled=false"],
 }
@@ -71,10 +72,11 @@ def one(args) -> None:
     from triaccel.config import load_config, to_dict
 
     sets = [f"data.data_dir={args.data_dir}", f"model.name={args.model}", f"model.resize={args.resize}",
-            f"epochs={args.epochs}", "optim.warmup_epochs=1", *VARIANTS[args.one]]
+            f"epochs={args.epochs}", f"optim.warmup_epochs={args.warmup_epochs}",
+            *VARIANTS[args.one]]
     cfg = to_dict(load_config(ROOT / "configs" / "cifar10_jpeg_resnet18.yaml", sets))
     t0 = time.perf_counter()
-    r = train(cfg, 0)
+    r = train(cfg, args.seed)
     r["wall_s"] = time.perf_counter() - t0
     r["sets"] = sets
     print("RESULT " + json.dumps(r, default=str), flush=True)
@@ -86,8 +88,11 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--subset", type=int, default=5)
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="comma-separated; NAME@TAG runs NAME again under another key (a warm-up, a repeat)")
     ap.add_argument("--timeout", type=int, default=150, help="seconds per variant")
+    ap.add_argument("--warmup-epochs", type=int, default=1, help="optim.warmup_epochs")
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default="efficientnet_b0")
     ap.add_argument("--resize", default="224", help="model.resize (null: none)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
@@ -103,7 +108,8 @@ def main():
         t0 = time.perf_counter()
         try:
             p = subprocess.run([sys.executable, __file__, "--data-dir", str(data), "--out", args.out, "--epochs",
-                                str(args.epochs), "--model", args.model, "--resize", args.resize, "--one", v], capture_output=True, text=True, timeout=args.timeout)
+                                str(args.epochs), "--model", args.model, "--resize", args.resize, "--one", v.split("@")[0],
+                                "--warmup-epochs", str(args.warmup_epochs), "--seed", str(args.seed)], capture_output=True, text=True, timeout=args.timeout)
             line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
             r = json.loads(line[-1][7:]) if line else {"rc": p.returncode, "stderr": p.stderr[-2000:]}
             r["log"] = [x for x in p.stdout.splitlines() if not x.startswith(("RESULT", "step"))][-30:]

@@ -71,6 +71,9 @@ def train(d: dict, seed: int) -> dict:
         out["plan_changes"] = changes
         out["batch_actions"] = [(row["step"], row["batch_action"], row["batch_size"]) for row in t.loop.trajectory
                                 if row.get("batch_action") not in (None, "hold", "cooldown")]
+        # every window: (step, seconds since the first step, B, the batch action, the batch window's seconds)
+        out["windows"] = [(row["step"], row.get("t_s"), row["batch_size"], row.get("batch_action"),
+                           row.get("window_s")) for row in t.loop.trajectory]
     out["skipped_steps"] = t.skipped_steps
     if t.loop is not None and t.loop.trajectory:
         lv = t.loop.trajectory[-1]["levels"]

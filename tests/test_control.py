@@ -73,6 +73,8 @@ def test_control_loop_acts_and_logs_every_window(tmp_path):
     assert all(v >= 0 for v in r["variance"]) and any(v > 0 for v in r["variance"])
     assert any(x > 0 for x in r["lam"]) and all(0 < s <= 1 for s in r["lr_scale"])
     assert {row["batch_size"] for row in traj} != {64}  # the batch moved under a 4 MB budget
+    ts = [row["t_s"] for row in traj]  # each window says when it ran: where a run's time went
+    assert ts == sorted(ts) and ts[-1] > ts[0] >= 0
     files = {p.name for p in loop.write_artifacts(tmp_path)}
     assert files == {"trajectory.json", "trajectory.csv", "batch_memory.png", "precision_heatmap.png",
                      "curvature_lr.png"}

@@ -63,6 +63,7 @@ class TriAccelLoop(Callback):
         self.timing = {"stats_s": 0.0, "curvature_s": 0.0, "window_s": 0.0}
         self.pending = Decisions()  # what the hook now running will return to Trainer.apply
         self.probe_ooms = 0
+        self.t_start: float | None = None  # this process's first step end: trajectory rows' t_s counts from it
 
     # ------------------------------------------------------------------ setup
     def on_setup(self, tr):
@@ -194,6 +195,8 @@ class TriAccelLoop(Callback):
 
     def _step_end(self, tr, info):
         step = info.step
+        if self.t_start is None:
+            self.t_start = time.perf_counter()
         if self.batch is not None:
             if self.win_t is None:  # a window starts after this step (the first step's set-up is not timed)
                 sync(tr.device)
@@ -320,7 +323,7 @@ class TriAccelLoop(Callback):
         stats = WindowStats(self.window, step, variance=tuple(var[:self.L]), overflow=tuple(overflow[:self.L]),
                             promote=tuple(self.promote) if self.curv is not None else None,
                             **(self._batch_measures(tr, peak) if batch_decides else {}))
-        row = {"window": self.window, "step": step, "epoch": tr.epoch + 1}
+        row = {"window": self.window, "step": step, "epoch": tr.epoch + 1, "t_s": self._t()}
         if self.prec is not None:
             dec = self.prec.decide(stats)
             self.pending.levels = dict(zip(self.names, dec.levels))
@@ -342,12 +345,17 @@ class TriAccelLoop(Callback):
         """A short window of the batch controller alone (score policy, while it explores)."""
         peak = tr.meter.window_peak_bytes()
         fb = self._batch_decide(tr, WindowStats(self.window, step, **self._batch_measures(tr, peak)))
-        self.trajectory.append({"window": self.window, "step": step, "epoch": tr.epoch + 1,
+        self.trajectory.append({"window": self.window, "step": step, "epoch": tr.epoch + 1, "t_s": self._t(),
                                 "peak_mem_gib": peak / GiB, **fb, "batch_size": self._now(tr, "batch_size"),
                                 "micro_batch": self._now(tr, "micro_batch"),
                                 "lr_factor": self._now(tr, "batch_lr_factor"), "levels": self._levels_now(tr),
                                 "variance": list(self.last_var), "lam": list(self.lam),
                                 "lr_scale": self._lr_scale_now(tr)})
+
+    def _t(self) -> float:
+        """Host seconds since this process's first training step: where the run's time went (a window's
+        start-up, cuDNN autotuning, an evaluation in between), read against the steps."""
+        return round(time.perf_counter() - self.t_start, 3) if self.t_start is not None else 0.0
 
     def _batch_measures(self, tr, peak: float) -> dict:
         """The batch controller's fields of ``WindowStats``: the peak since its last decision, and the

@@ -25,11 +25,11 @@ def write_trajectory(traj: list[dict], names: list[str], folder: Path, plots: bo
     p = folder / "trajectory.csv"
     with p.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["window", "step", "epoch", "batch_size", "micro_batch", "peak_mem_gib", "usage_frac",
+        w.writerow(["window", "step", "epoch", "t_s", "batch_size", "micro_batch", "peak_mem_gib", "usage_frac",
                     "batch_action", "layer", "dtype", "variance_ema", "lambda", "lr_scale"])
         for r in traj:
             for i, name in enumerate(names):
-                w.writerow([r["window"], r["step"], r["epoch"], r["batch_size"], r["micro_batch"],
+                w.writerow([r["window"], r["step"], r["epoch"], r.get("t_s", ""), r["batch_size"], r["micro_batch"],
                             f"{r['peak_mem_gib']:.5f}", f"{r.get('usage_frac', float('nan')):.4f}",
                             r.get("batch_action", ""), name, r["levels"][i], f"{r['variance'][i]:.4e}",
                             f"{r['lam'][i]:.4e}", f"{r['lr_scale'][i]:.5f}"])
