@@ -72,6 +72,7 @@ def train(d: dict, seed: int) -> dict:
         out["batch_actions"] = [(row["step"], row["batch_action"], row["batch_size"]) for row in t.loop.trajectory
                                 if row.get("batch_action") not in (None, "hold", "cooldown")]
         # every window: (step, seconds since the first step, B, the batch action, the batch window's seconds)
+        out["first_step_s"] = t.loop.first_step_s
         out["windows"] = [(row["step"], row.get("t_s"), row["batch_size"], row.get("batch_action"),
                            row.get("window_s")) for row in t.loop.trajectory]
     out["skipped_steps"] = t.skipped_steps
