@@ -550,6 +550,26 @@ def test_a_batch_window_in_which_a_new_precision_plan_took_effect_is_not_measure
     assert measured and not loop.win_disturbed
 
 
+def test_the_loop_budgets_exploring_by_the_runs_length_and_its_first_step():
+    """The batch controller sees the run's length (epochs x the training split) and its first step's
+    seconds (what a new size costs once, predicted): with no budget it never leaves B0, with a large
+    one it explores as before."""
+    sizes = {}
+    for budget in (0.0, 1e6):
+        logs = []
+        t, loop = tri_trainer(log=logs.append, **{"epochs": 1, "triaccel.policy": "score", "triaccel.control_every": 10,
+                                                  "triaccel.batch.explore_steps": 5, "triaccel.batch.cooldown": 0,
+                                                  "triaccel.batch.budget_gb": 8,
+                                                  "triaccel.batch.explore_budget": budget})
+        t.fit()
+        b = loop.batch
+        assert b.run_examples == len(t.train_data) and loop.first_step_s > 0 and b.switch_s is not None
+        sizes[budget] = {r["batch_size"] for r in loop.trajectory}
+        assert b.over_budget is (budget == 0.0) and not b.exploring
+        assert any("exploring stopped" in m for m in logs) is (budget == 0.0)
+    assert sizes[0.0] == {t.cfg.batch_size} and len(sizes[1e6]) > 1, sizes
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="cuDNN autotuning is a CUDA setting")
 def test_cudnn_autotuning_waits_until_the_batch_and_the_plan_have_settled():
     """Each new batch size or layer dtype is autotuned anew (EfficientNet-B0 at 224 px: about a minute per

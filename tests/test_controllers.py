@@ -299,6 +299,58 @@ def test_growth_never_predicts_a_step_faster_at_a_larger_batch():
     assert c.growth_pays(96) is False
 
 
+def effnet_like(b):
+    """(seconds per step, peak bytes) shaped like EfficientNet-B0 at 224 px on an H200: a smaller batch
+    takes more time per example but less memory, so going down lowers the cost (time x peak)."""
+    return 450e-6 * (96 / b) ** 0.3 * b, (0.4 + 0.038 * b) * GiB
+
+
+def drive_paying(c, model, one_off, first_step_s, windows=40, steps=10):
+    """``drive``, where the first window at each size costs ``one_off`` seconds more (its kernels chosen,
+    its graphs recorded) and the run's first step took ``first_step_s``."""
+    sizes, seen = [], set()
+    for _ in range(windows):
+        b = c.batch
+        sizes.append(b)
+        t, peak = model(b)
+        extra = one_off if b not in seen else 0.0
+        seen.add(b)
+        c.decide(WindowStats(0, 0, peak_bytes=peak, seconds=t * steps + extra, examples=b * steps,
+                             first_step_s=first_step_s))
+    return sizes
+
+
+def test_score_policy_explores_only_while_new_sizes_cost_within_the_budget():
+    """A new size costs once (EfficientNet-B0 at 224 px on an H200: 13 s, after a 15 s first step, in a
+    25 s epoch). One epoch: no new size fits 5 % of the run, B0 stays (the first epoch had run 1.8x static
+    AMP's with two sizes explored). Fifteen epochs: one new size fits, the second does not. A long run,
+    or a run of unknown length: exploring as before."""
+    epoch = 45_000
+    def run(epochs, cfg_kw=None):
+        c = BatchController(bc(policy="score", max_batch=4096, cooldown=1, **(cfg_kw or {})), 96, 96, 100 * GiB,
+                            run_examples=None if epochs is None else epochs * epoch)
+        return c, drive_paying(c, effnet_like, one_off=13.0, first_step_s=15.0)
+
+    c, sizes = run(1)
+    assert set(sizes) == {96} and not c.exploring and c.batch == 96 and c.over_budget
+    assert c.switch_s == pytest.approx(15.0 - 96 * effnet_like(96)[0] / 96)  # predicted from the first step
+    assert c.spent == 0.0
+    c, sizes = run(15)
+    assert set(sizes) == {96, 64} and c.over_budget  # 64's one-off 13 s spent; 40 would need 13 s more
+    assert c.spent == pytest.approx(13.0, rel=1e-6) and c.switch_s == pytest.approx(13.0, rel=1e-6)
+    assert c.spent <= c.explore_budget_s < c.spent + c.switch_s
+    for epochs in (1000, None):
+        c, sizes = run(epochs)
+        assert 40 in sizes and not c.over_budget and not c.exploring
+    c, sizes = run(1, {"explore_budget": 1.0})  # the whole run's time: one new size fits, as 15 epochs at 5 %
+    assert set(sizes) == {96, 64}
+    # saved with the controller's state: a resumed run does not spend the budget again
+    c, _ = run(15)
+    c2 = BatchController(bc(policy="score", max_batch=4096, cooldown=1), 96, 96, 100 * GiB, run_examples=15 * epoch)
+    c2.load_state_dict(c.state_dict())
+    assert (c2.spent, c2.switch_s, c2.over_budget) == (c.spent, c.switch_s, c.over_budget)
+
+
 def test_score_policy_settles_on_the_start_when_a_larger_size_only_ties():
     """A size 1 % cheaper is within explore_tol (3 %): noise, not a reason to leave B0 (EfficientNet-B0
     at 224 px on the H200 settled at 144 for 1 % and paid 1.6x the peak memory); 10 % cheaper is."""

@@ -310,6 +310,10 @@ class BatchConfig:
     grow_factor: float = 1.5  # score: size ladder B0 * grow_factor^k (multiples of 8)
     explore_steps: int = 10  # score: optimizer steps per measuring window while exploring
     explore_tol: float = 0.03  # score: a size must cut the cost by this fraction to count as better
+    # score: a new size costs once (its kernels chosen or tuned: EfficientNet-B0 at 224 px, 7-15 s on an
+    # H200); exploring moves to one only while those one-off seconds stay within this fraction of the
+    # run's predicted training time (epochs x examples at B0's measured rate)
+    explore_budget: float = 0.05
     rho_low: float = 0.6
     rho_high: float = 0.85
     delta_up: int = 16
@@ -334,6 +338,7 @@ class BatchConfig:
         _check(1 < self.grow_factor <= 4, "triaccel.batch.grow_factor", "must be in (1, 4]")
         _check(self.explore_steps >= 2, "triaccel.batch.explore_steps", "must be >= 2")
         _check(0 <= self.explore_tol < 1, "triaccel.batch.explore_tol", "must be in [0, 1)")
+        _check(self.explore_budget >= 0, "triaccel.batch.explore_budget", "must be >= 0 (a fraction of the run's time)")
 
 
 # triaccel.policy: which rules the controllers follow where a config leaves them unset. score (the

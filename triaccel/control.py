@@ -122,7 +122,7 @@ class TriAccelLoop(Callback):
                          "memory-elastic batch is off")
             else:
                 self.batch = BatchController(c.batch, tr.batch_size, tr.micro_batch, self.budget_bytes,
-                                             buckets=tr.buckets)
+                                             buckets=tr.buckets, run_examples=tr.cfg.epochs * len(tr.train_data))
                 inside = [b for b in tr.buckets.sizes if c.batch.min_batch <= b <= c.batch.max_batch] \
                     if tr.buckets is not None else []
                 self.log(f"[batch] budget {self.budget_bytes / GiB:.3f} GiB ({tr.meter.source}), "
@@ -141,6 +141,7 @@ class TriAccelLoop(Callback):
         self.autotune_due = tr.device.type == "cuda" and tr.cfg.cudnn_benchmark is None \
             and not torch.backends.cudnn.benchmark
         self.plan_stable = self.prec is None
+        self.first_step_s: float | None = None  # this process's first training step, from its epoch's start
 
     def _budget(self, tr) -> float | None:
         b = self.cfg.batch
@@ -196,7 +197,9 @@ class TriAccelLoop(Callback):
     def _step_end(self, tr, info):
         step = info.step
         if self.t_start is None:
+            sync(tr.device)
             self.t_start = time.perf_counter()
+            self.first_step_s = self.t_start - tr.epoch_t0 if tr.epoch_t0 is not None else None
         if self.batch is not None:
             if self.win_t is None:  # a window starts after this step (the first step's set-up is not timed)
                 sync(tr.device)
@@ -371,7 +374,8 @@ class TriAccelLoop(Callback):
         if self.shared_trials > 1:
             used = device_used_fraction(tr.device)
             pressure = used is not None and used > self.cfg.batch.rho_high
-        return {"peak_bytes": peak, "seconds": seconds, "examples": self.win_n, "pressure": pressure}
+        return {"peak_bytes": peak, "seconds": seconds, "examples": self.win_n, "pressure": pressure,
+                "first_step_s": self.first_step_s}
 
     def _batch_decide(self, tr, stats: WindowStats) -> dict:
         """The batch controller's decision on ``stats``, applied; its window starts afresh."""
@@ -385,6 +389,11 @@ class TriAccelLoop(Callback):
         if bd.action == "settle":
             self.log(f"[batch] settled at B={bd.batch} (cost per example by size: " + ", ".join(
                 f"{k}: {v / GiB * 1e6:.3g}" for k, v in sorted(self.batch.costs.items())) + " GiB*us)")
+            b = self.batch
+            if b.over_budget:
+                self.log(f"[batch] exploring stopped: a new size costs about {b.switch_s:.1f} s once "
+                         f"({b.spent:.1f} s spent), over {b.cfg.explore_budget:.0%} of the run's predicted "
+                         f"{b.run_s:.0f} s (triaccel.batch.explore_budget)")
         self.pending = self.pending.merged(Decisions(batch_size=bd.batch, micro_batch=bd.micro_batch,
                                                      batch_lr_factor=self.batch.lr_factor(self.initial_batch)))
         if bd.action == "settle":

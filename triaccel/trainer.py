@@ -229,6 +229,7 @@ class Trainer:
         self.history = History()
         self.oom_events = 0
         self.skipped_steps = 0  # optimizer updates the GradScaler skipped, whole run
+        self.epoch_t0: float | None = None  # perf_counter at the start of the epoch now training
         self._pending_skip = None  # deferred_skip: (event, examples) of the step whose flag is in flight
         self._skip_flag = None
 
@@ -315,7 +316,7 @@ class Trainer:
         n_seen, steps, skipped0 = 0, 0, self.skipped_steps
         pb = progress_bar(self.sampler.remaining, f"epoch {self.epoch + 1}/{self.cfg.epochs}", "img")
         sync(self.device)
-        t0 = time.perf_counter()
+        t0 = self.epoch_t0 = time.perf_counter()  # the loop reads the run's first step against it
         while self.sampler.remaining and not self.stop:
             idx = self.sampler.take(self.batch_size)
             loss, info = self.train_step(idx)

@@ -32,7 +32,15 @@ the rest of the run (leaving B0 only after measuring B0 a second time, each size
 lower cost; of sizes within ``explore_tol`` of the cheapest, the one nearest B0: a
 measured tie is noise, and moving off B0 for it costs EfficientNet-B0 at 224 px 1.6x the peak
 memory for 1 % less time per example on an H200). Exploring early matters: the score takes the
-run's peak memory over every epoch after the first, so a size tried late would cost for the whole run. The budget
+run's peak memory over every epoch after the first, so a size tried late would cost for the whole run.
+
+Exploring is paid for in the user's time: a new size costs once, its kernels chosen (or tuned) and its
+graphs recorded. The controller predicts that one-off cost from the run's first step (the same work for
+B0's shapes), then from each new size's first window (its seconds beyond the size's steady rate), and
+moves to a new size only while the one-off seconds spent and predicted stay within ``explore_budget`` of
+the run's predicted training time (``run_examples`` at B0's measured seconds per example). On an H200
+a new size costs EfficientNet-B0 at 224 px 7-15 s, a third or more of a 25 s epoch: a one-epoch run
+does not explore, a 15-epoch run explores one size. Without ``run_examples`` nothing is budgeted. The budget
 stays a cap (rho_high of it, with the same fit and OOM ceiling); delta_down is the step
 under it. On an H200, ResNet-18's step time is flat up to B~512 (the host issues the work)
 and then grows with B, so c(B) falls until about there and rises after it.
@@ -186,7 +194,7 @@ def oom_split(failed: int, batch: int, buckets: Buckets | None = None, ceiling: 
 
 class BatchController:
     def __init__(self, cfg: BatchConfig, batch: int, micro_batch: int, budget_bytes: float,
-                 buckets: Buckets | None = None):
+                 buckets: Buckets | None = None, run_examples: int | None = None):
         if budget_bytes <= 0:
             raise ValueError("budget_bytes must be > 0")
         self.cfg = cfg
@@ -209,6 +217,12 @@ class BatchController:
         self.start = self.elastic  # B0 (paper mode) or the first micro-batch (constant mode)
         self.rechecked = False  # the start measured a second time before settling elsewhere
         self.rechecking = False  # the window being measured is that second look
+        # the exploration's one-off seconds: the run's examples (epochs x the training split) bound them
+        self.run_examples = run_examples
+        self.spent = 0.0  # one-off seconds of the new sizes measured so far
+        self.switch_s: float | None = None  # predicted one-off seconds of the next new size
+        self.first_window: tuple[int, float, int] | None = None  # (size, seconds, examples): a new size's first
+        self.over_budget = False  # exploring stopped because the next new size would cost past the budget
         if self.exploring:
             self.cool = cfg.cooldown  # the first window holds the run's start-up (allocator, kernels)
 
@@ -251,7 +265,7 @@ class BatchController:
         ``seconds`` its ``examples`` took)."""
         peak_bytes = stats.peak_bytes
         if self.cfg.policy == "score":
-            return self._decide_score(peak_bytes, stats.seconds, stats.examples)
+            return self._decide_score(peak_bytes, stats.seconds, stats.examples, stats.first_step_s)
         c = self.cfg
         frac = peak_bytes / self.budget
         self.obs.append((self.micro, float(peak_bytes)))
@@ -320,7 +334,8 @@ class BatchController:
         """size -> the score policy's cost there: seconds per example x peak bytes (the lowest measured)."""
         return {k: s * p for k, (s, p) in self.per.items()}
 
-    def _decide_score(self, peak_bytes: float, seconds: float | None, examples: int) -> BatchDecision:
+    def _decide_score(self, peak_bytes: float, seconds: float | None, examples: int,
+                      first_step_s: float | None = None) -> BatchDecision:
         c = self.cfg
         frac = peak_bytes / self.budget
         self.obs.append((self.micro, float(peak_bytes)))
@@ -333,6 +348,8 @@ class BatchController:
             return self._decide(size, "hold", frac)
         if self.cool > 0:  # the first window at a new size warms it up (allocator, kernels)
             self.cool -= 1
+            if size != self.start and size not in self.per and seconds and examples:
+                self.first_window = (size, seconds, examples)
             return self._decide(size, "cooldown", frac)
         if not seconds or not examples:
             return self._decide(size, "hold", frac)
@@ -340,6 +357,7 @@ class BatchController:
         # a size measured twice keeps its lower cost: disturbances (start-up, a neighbour) only add
         if cost <= self.costs.get(size, cost):
             self.per[size] = (seconds / examples, float(peak_bytes))
+        self._note_one_off(size, first_step_s)
         if self.rechecking:
             self.rechecking = False
             return self._settle(self._cheapest(), frac)
@@ -355,6 +373,37 @@ class BatchController:
             if self.growth_pays(self.start):
                 return self._step(self.start, frac)
         return self._finish(frac)
+
+    def _note_one_off(self, size: int, first_step_s: float | None) -> None:
+        """What a new size costs once: predicted from the run's first step (beyond a steady step at the
+        start) until a new size's first window measures it (its seconds beyond the size's steady rate)."""
+        if self.switch_s is None and first_step_s is not None and self.start in self.per:
+            self.switch_s = max(0.0, first_step_s - self.start * self.per[self.start][0])
+        if self.first_window is not None and self.first_window[0] == size:
+            _, secs, n = self.first_window
+            self.first_window = None
+            self.switch_s = max(0.0, secs - n * self.per[size][0])
+            self.spent += self.switch_s
+
+    @property
+    def run_s(self) -> float | None:
+        """The run's predicted training seconds: its examples at the start's measured rate (None: the
+        run's length or that rate unknown)."""
+        if self.run_examples is None or self.start not in self.per:
+            return None
+        return self.run_examples * self.per[self.start][0]
+
+    @property
+    def explore_budget_s(self) -> float | None:
+        """Seconds exploring may spend on new sizes: explore_budget of ``run_s`` (None: nothing budgeted)."""
+        run_s = self.run_s
+        return None if run_s is None else self.cfg.explore_budget * run_s
+
+    def _affordable(self) -> bool:
+        budget = self.explore_budget_s
+        if budget is None or self.switch_s is None:
+            return True
+        return self.spent + self.switch_s <= budget
 
     def growth_pays(self, size: int) -> bool:
         """Whether the next size up from ``size`` is predicted to cost ``explore_tol`` less than ``size``,
@@ -391,6 +440,9 @@ class BatchController:
                 return self._finish(frac)
         pred = self._predict(nxt)
         if nxt > hi or nxt < lo or nxt in self.costs or (pred is not None and pred > c.rho_high * self.budget):
+            return self._finish(frac)
+        if not self._affordable():
+            self.over_budget = True
             return self._finish(frac)
         return self._decide(nxt, "explore", frac)
 
@@ -468,7 +520,9 @@ class BatchController:
                 "obs": list(self.obs[-20:]), "exploring": self.exploring,
                 "per": {k: list(v) for k, v in self.per.items()},
                 "direction": self.direction, "start": self.start, "rechecked": self.rechecked,
-                "rechecking": self.rechecking}
+                "rechecking": self.rechecking, "spent": self.spent, "switch_s": self.switch_s,
+                "first_window": list(self.first_window) if self.first_window else None,
+                "over_budget": self.over_budget}
 
     def load_state_dict(self, s: dict) -> None:
         self.batch, self.micro, self.ceiling, self.cool = s["batch"], s["micro"], s["ceiling"], s["cool"]
@@ -482,3 +536,6 @@ class BatchController:
         self.direction = s.get("direction", 1)
         self.start = s.get("start", self.start)
         self.rechecked, self.rechecking = s.get("rechecked", False), s.get("rechecking", False)
+        self.spent, self.switch_s = s.get("spent", 0.0), s.get("switch_s")
+        self.first_window = tuple(s["first_window"]) if s.get("first_window") else None
+        self.over_budget = s.get("over_budget", False)

@@ -32,3 +32,6 @@ class WindowStats:
     pressure: bool = False  # the whole device nearly full (NVML, trials sharing a GPU): no growth
     seconds: float | None = None  # device time of the window's examples (curvature refreshes left out)
     examples: int = 0  # examples trained in the window
+    # seconds the run's first training step took (this process's): the kernels of its shapes chosen or
+    # tuned, the allocator grown. The batch controller reads it as what a new batch size costs once
+    first_step_s: float | None = None
