@@ -136,8 +136,10 @@ class TriAccelLoop(Callback):
         # plan's new kernels and, into fp16, the GradScaler's skipped steps)
         self.win_disturbed = False
         # cudnn_benchmark: null is off while the batch or the plan can still move (every new shape or
-        # dtype would be autotuned again: EfficientNet-B0 at 224 px takes about a minute per set on an
-        # H200) and on once both have settled: one set, as static AMP pays
+        # dtype would be tuned: EfficientNet-B0 at 224 px, 29 s per set on an H200) and on once both have
+        # settled. Switching it on tunes only shapes met afterwards (the short last batch, evaluation):
+        # torch's cuDNN plan cache keeps the untuned choice of every shape already met
+        # (bench/results/effnet224/cudnn_retune/)
         self.autotune_due = tr.device.type == "cuda" and tr.cfg.cudnn_benchmark is None \
             and not torch.backends.cudnn.benchmark
         self.plan_stable = self.prec is None
