@@ -344,6 +344,12 @@ def test_score_policy_explores_only_while_new_sizes_cost_within_the_budget():
         assert 40 in sizes and not c.over_budget and not c.exploring
     c, sizes = run(1, {"explore_budget": 1.0})  # the whole run's time: one new size fits, as 15 epochs at 5 %
     assert set(sizes) == {96, 64}
+    # no budget affords no new size, even one predicted to cost nothing (a first step no slower than a
+    # steady one, as a CPU run's can be)
+    c = BatchController(bc(policy="score", max_batch=4096, cooldown=1, explore_budget=0.0), 96, 96, 100 * GiB,
+                        run_examples=epoch)
+    sizes = drive_paying(c, effnet_like, one_off=0.0, first_step_s=0.0)
+    assert set(sizes) == {96} and c.over_budget and c.switch_s == 0.0
     # saved with the controller's state: a resumed run does not spend the budget again
     c, _ = run(15)
     c2 = BatchController(bc(policy="score", max_batch=4096, cooldown=1), 96, 96, 100 * GiB, run_examples=15 * epoch)

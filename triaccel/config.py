@@ -312,7 +312,7 @@ class BatchConfig:
     explore_tol: float = 0.03  # score: a size must cut the cost by this fraction to count as better
     # score: a new size costs once (its kernels chosen or tuned: EfficientNet-B0 at 224 px, 7-15 s on an
     # H200); exploring moves to one only while those one-off seconds stay within this fraction of the
-    # run's predicted training time (epochs x examples at B0's measured rate)
+    # run's predicted training time (epochs x examples at B0's measured rate); 0 never leaves B0
     explore_budget: float = 0.05
     rho_low: float = 0.6
     rho_high: float = 0.85

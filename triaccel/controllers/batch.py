@@ -400,6 +400,10 @@ class BatchController:
         return None if run_s is None else self.cfg.explore_budget * run_s
 
     def _affordable(self) -> bool:
+        """Whether the next new size fits the budget. A budget of 0 affords none, even where a new
+        size is predicted to cost nothing (a first step no slower than a steady one)."""
+        if self.cfg.explore_budget <= 0:
+            return False
         budget = self.explore_budget_s
         if budget is None or self.switch_s is None:
             return True
