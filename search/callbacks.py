@@ -18,7 +18,7 @@ from pathlib import Path
 from ray.tune import Callback
 
 from triaccel.config import flatten
-from triaccel.search.space import CONTROLLER_DEFAULTS, START
+from triaccel.search.space import CONTROLLER_DEFAULTS, NEAR, START
 from triaccel.search.trainable import NODE_KEY
 from triaccel.tracking import client as make_client
 from triaccel.tracking import ensure_experiment, git_revision, log_metrics, log_params, log_yaml_artifact
@@ -132,7 +132,8 @@ class MLflowSearchCallback(Callback):
             run = c.create_run(self._exp_id, run_name=f"{self.search}-{tid}", tags={
                 "mlflow.parentRunId": parent, TAG_SEARCH: self.search, TAG_ROLE: "trial", TAG_TRIAL: tid,
                 "triaccel.values": json.dumps(values), "shared_trials": str(self.shared),
-                "git_revision": git_revision(), **({START: "true"} if trial.config.get(START) else {})})
+                "git_revision": git_revision(), **({START: "true"} if trial.config.get(START) else {}),
+                **({NEAR: str(trial.config[NEAR])} if trial.config.get(NEAR) else {})})
             rid = run.info.run_id
             train = self.space.train_dict(values)
             params = {k: v for k, v in flatten(train).items()}

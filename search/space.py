@@ -9,6 +9,7 @@ A space file (``spaces/*.yaml``)::
     gpus_per_trial: 0.25          # fraction of a GPU per trial (ignored without CUDA)
     scheduler: asha               # asha (early stopping) | none
     sampler: tpe                  # tpe | random
+    near_best: 0.5                # share of sampled trials drawn near the best so far (tpe: 0.5, random: 0)
     seed: 0
     train: {...}                  # the fixed training settings: any TrainConfig keys
     baseline:                     # the static reference a user would run without the search
@@ -63,7 +64,7 @@ from triaccel.errors import ConfigError
 from triaccel.search.params import EPS, FRAC_SUFFIX, Param, field_error, number, parse_params
 
 TOP_KEYS = {"name", "objective", "trials", "concurrency", "gpus_per_trial", "cpus_per_trial", "scheduler",
-            "sampler", "seed", "grace_period", "train", "params", "description", "baseline", "start",
+            "sampler", "near_best", "seed", "grace_period", "train", "params", "description", "baseline", "start",
             "production_epochs", "judge_seeds"}
 BASELINE_KEYS = {"batch_sizes", "amp_dtypes", "capture", "compile", "accuracy_margin", "second_look"}
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead")
@@ -85,6 +86,7 @@ class SearchSpace:
     cpus_per_trial: float = 1.0
     scheduler: str = "asha"
     sampler: str = "tpe"
+    near_best: float = 0.5  # share of sampled trials drawn near the best feasible one (search.sampler)
     seed: int = 0
     grace_period: int = 1
     baseline_batches: tuple = ()
@@ -340,6 +342,8 @@ def _options(src: str, data: dict, source: str) -> dict:
         cpus_per_trial=_opt(src, data, "cpus_per_trial", float, 1.0, lambda v: v > 0, "must be > 0"),
         scheduler=_opt(src, data, "scheduler", str, "asha", lambda v: v in ("asha", "none"), "must be asha or none"),
         sampler=_opt(src, data, "sampler", str, "tpe", lambda v: v in ("tpe", "random"), "must be tpe or random"),
+        near_best=_opt(src, data, "near_best", float, 0.5 if data.get("sampler", "tpe") == "tpe" else 0.0,
+                       lambda v: 0 <= v <= 1, "must be in [0, 1] (the share of sampled trials drawn near the best)"),
         seed=_opt(src, data, "seed", int, 0, lambda v: 0 <= v < 2**32,
                   "must be in [0, 2**32) (the samplers' seed range)"),
         grace_period=_opt(src, data, "grace_period", int, 1, lambda v: v >= 1, "must be >= 1"))
@@ -362,6 +366,9 @@ def _judging(src: str, data: dict, base: TrainConfig) -> dict:
 # and this tag on its MLflow run. Known by where it came from, not by its values: a point that sets
 # some keys would match every sampled trial that drew the same values for them.
 START = "triaccel.start"
+# A trial the sampler drew near the best trial so far (search.sampler) carries this key in its Tune
+# config and this tag on its MLflow run: the Tune id of the trial it was drawn near.
+NEAR = "triaccel.near"
 
 
 def _start(src: str, spec, space: SearchSpace) -> tuple:

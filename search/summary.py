@@ -1,7 +1,7 @@
 """The search's closing table: every trial, with readable columns and the score said once."""
 from __future__ import annotations
 
-from triaccel.search.space import START
+from triaccel.search.space import NEAR, START
 
 
 def headers(keys: list[str]) -> list[str]:
@@ -34,7 +34,8 @@ def print_table(o, space) -> None:
               f"{m['val_acc']:6.2f} {'':>6} {m['epoch_time_last5_s']:6.2f} {m['peak_mem_gib']:6.3f}")
     for i, x in enumerate(o.ranked):
         m = x.measured
-        start = "s" if x.row.get("tags", {}).get(START) == "true" else ""
+        tags = x.row.get("tags", {})
+        start = ("s" if tags.get(START) == "true" else "") + ("n" if tags.get(NEAR) else "")
         rank = f"{i + 1}{'' if x.feasible else '!'}{'*' if x.confirmed else ''}{'+' if x.gaps else ''}{start}"
         print(f"{rank:>5} {x.row['trial_id']:>22} {m['efficiency']:8.2f} {fmt(x.ratio):>6} {m.get('val_acc', 0):6.2f} "
               f"{fmt(x.gap, '+.2f'):>6} {m.get('epoch_time_last5_s', 0):6.2f} {m.get('peak_mem_gib', 0):6.3f}  "
@@ -48,7 +49,7 @@ def print_table(o, space) -> None:
     if o.ranked or o.stopped or o.failed:
         print(f"  ({SCORE} x base: eff / the reference baseline's; d.acc: validation accuracy minus the reference's "
               f"at the same epoch; !: more than {space.margin:g} pp below it, infeasible, never exported; "
-              f"*: re-measured alone; s: a start point of the space)")
+              f"*: re-measured alone; s: a start point of the space; n: drawn near the best trial so far)")
 
 
 def print_summary(name: str, space, uri: str, o, j):

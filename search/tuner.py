@@ -10,12 +10,14 @@ from pathlib import Path
 
 from triaccel.errors import Interrupted, TriAccelError
 from triaccel.search.cluster import gpu_share, on_gpu
-from triaccel.search.space import START, SearchSpace
+from triaccel.search.space import NEAR, START, SearchSpace
 from triaccel.search.state import EXPERIMENT, tune_root
 
 
 def _constrained_optuna():
     from ray.tune.search.optuna import OptunaSearch
+
+    from triaccel.search.sampler import NEAR_ATTR
 
     class AccuracyConstrainedOptuna(OptunaSearch):
         """Ray's OptunaSearch that hands Optuna the accuracy constraint with each result
@@ -47,8 +49,13 @@ def _constrained_optuna():
             ot = self._ot_trials.get(trial_id)
             # an enqueued trial (a start point) carries Optuna's fixed_params: mark its config so the
             # scheduler and the MLflow run know it (search.space.START)
-            if isinstance(config, dict) and ot is not None and "fixed_params" in self._system_attrs(ot):
+            attrs = self._system_attrs(ot) if isinstance(config, dict) and ot is not None else {}
+            if "fixed_params" in attrs:
                 config[START] = True
+            if NEAR_ATTR in attrs:  # drawn near the best so far: which trial, by its Tune id where Tune ran it
+                number = attrs[NEAR_ATTR]
+                config[NEAR] = next((tid for tid, o in self._ot_trials.items() if o.number == number),
+                                    f"optuna trial {number}")
             return config
 
         def _system_attrs(self, ot) -> dict:
@@ -74,6 +81,8 @@ def new_searcher(space: SearchSpace, seeds=()):
     import optuna
     from ray.tune.search import ConcurrencyLimiter
 
+    from triaccel.search.sampler import NearBestSampler
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if space.sampler == "random":
         sampler = optuna.samplers.RandomSampler(seed=space.seed)
@@ -84,6 +93,8 @@ def new_searcher(space: SearchSpace, seeds=()):
             warnings.simplefilter("ignore")
             sampler = optuna.samplers.TPESampler(seed=space.seed, multivariate=True, constant_liar=True,
                                                  n_startup_trials=max(2, min(10, space.trials // 3)))
+    if space.near_best > 0:  # a share of the trials near the best so far, the rest the sampler's own
+        sampler = NearBestSampler(sampler, space.near_best, seed=space.seed)
     alg = _constrained_optuna()(space=space.optuna_distributions(), metric=space.metric, mode=space.mode,
                                 sampler=sampler, start=copy.deepcopy(space.start), seeds=seeds)
     return ConcurrencyLimiter(alg, max_concurrent=space.concurrency)

@@ -168,6 +168,8 @@ _EVERY = "triaccel.control_every"
     (_with(trials=0), "trials: must be in [1, 10000]"),
     (_with(trials=10**30), "trials: must be in [1, 10000]"),
     (_with(concurrency=0), "concurrency: must be >= 1"),
+    (_with(near_best=1.5), "near_best: must be in [0, 1] (the share of sampled trials drawn near the best)"),
+    (_with(near_best="half"), "near_best: near_best must be a number, got 'half'"),
     (_with(gpus_per_trial=0), "gpus_per_trial: must be in (0, 8]"),
     (_with(gpus_per_trial=float("nan")), "gpus_per_trial: gpus_per_trial must be a finite number, got nan"),
     (_with(gpus_per_trial="x"), "gpus_per_trial: gpus_per_trial must be a number, got 'x'"),
