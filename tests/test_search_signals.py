@@ -46,7 +46,7 @@ def test_ctrl_c_mid_search_is_no_finished_search_and_resume_finishes_it(tmp_path
     import signal
 
     space = dict(SPACE, trials=4, concurrency=2)  # two trials still to start when the first epoch is in
-    space["train"] = dict(SPACE["train"], epochs=6)
+    space["train"] = dict(SPACE["train"], epochs=3)
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "i"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=user_env(),
@@ -93,7 +93,7 @@ def test_ctrl_c_in_the_baselines_resumes_into_the_trials(tmp_path):
     import sqlite3
 
     space = dict(SPACE, baseline={"batch_sizes": [8]})  # small batches: seconds of baseline to interrupt
-    space["train"] = dict(SPACE["train"], epochs=12)
+    space["train"] = dict(SPACE["train"], epochs=4)  # three epochs of it left after the first is in
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "ib"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=user_env(),
@@ -144,8 +144,8 @@ def test_sigterm_in_the_baselines_closes_the_runs_and_resume_finishes(tmp_path):
         except sqlite3.Error:
             return False
 
-    space = dict(SPACE, baseline={"batch_sizes": [8]})
-    space["train"] = dict(SPACE["train"], epochs=12)
+    space = dict(SPACE, baseline={"batch_sizes": [8]})  # small batches: seconds of baseline to interrupt
+    space["train"] = dict(SPACE["train"], epochs=4)  # three epochs of it left after the first is in
     rc, out, err = _sigterm_when(tmp_path, "tb", space, baseline_epoch_in)
     assert rc == 143 and "Traceback" not in err, (rc, out[-2000:], err[-2000:])
     assert err.strip().splitlines()[-1] == ("triaccel: interrupted: search 'tb' stopped before it finished: "
@@ -241,7 +241,9 @@ def test_a_signal_in_the_confirm_runs_stops_the_search(tmp_path, sig, rc):  # it
     import signal
 
     space = dict(SPACE, trials=2, concurrency=2)
-    space["train"] = dict(SPACE["train"], epochs=30)  # a confirm run long enough to be interrupted (~6 s)
+    # a confirm run long enough to be interrupted: the signal follows the line at once (flushed), and
+    # the run's own start-up (its process, data, model) is seconds before its first step
+    space["train"] = dict(SPACE["train"], epochs=8)
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "c",
                              "--confirm", "1"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
