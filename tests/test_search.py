@@ -16,29 +16,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from _harness import free_port, searcher_trials, with_store
+from _harness import DIGITS_SPACE, free_port, searcher_trials, with_store
 
 pytestmark = pytest.mark.slow
 
+# the digits space of the end-to-end tests (one quick baseline; a wide margin keeps every sane trial
+# feasible, so these tests exercise the mechanics: the margin itself is tested in tests/test_results.py
+# and by the README job below), with more trials, a start point and two more searched keys
 SPACE = {
-    "name": "t", "objective": "efficiency", "trials": 6, "concurrency": 2, "scheduler": "none",
-    "sampler": "random", "seed": 3,
-    # one quick baseline; a wide margin keeps every sane trial feasible, so these tests exercise the
-    # mechanics (the margin itself: tests/test_results.py and the README job below)
-    "baseline": {"batch_sizes": [64], "accuracy_margin": 100.0},
-    "train": {"mode": "triaccel", "epochs": 3, "batch_size": 64, "device": "cpu",
-              "data": {"name": "digits", "val_fraction": 0.15, "crop_padding": 1},
-              "model": {"name": "small_cnn", "width": 8}, "optim": {"lr": 0.05, "warmup_epochs": 1},
-              "eval_batch_size": 512,
-              "triaccel": {"control_every": 5, "curvature": {"method": "fisher", "every": 10},
-                           "batch": {"budget_gb": 0.004, "min_batch": 16}}},
+    **DIGITS_SPACE, "name": "t", "trials": 6, "seed": 3,
+    "train": {**DIGITS_SPACE["train"], "epochs": 3},
     # the first trial, as given (Optuna's enqueued trial): tau_high in real units above tau_low
     "start": [{"triaccel.precision.tau_low": 2e-5, "triaccel.precision.tau_high": 0.05}],
     "params": {
-        "triaccel.precision.tau_low": {"distribution": "loguniform", "low": 1e-8, "high": 1e-4},
-        "triaccel.precision.tau_high": {"distribution": "loguniform", "low": 1e-6, "high": 1e-1,
-                                        "above": "triaccel.precision.tau_low"},
-        "triaccel.batch.rho_low": {"distribution": "uniform", "low": 0.3, "high": 0.7},
+        **DIGITS_SPACE["params"],
         "triaccel.batch.rho_high": {"distribution": "uniform", "low": 0.5, "high": 0.95,
                                     "above": "triaccel.batch.rho_low"},
         "optim.lr": {"distribution": "categorical", "choices": [0.05, 1.0e5]},  # 1e5 diverges
@@ -419,8 +410,6 @@ def test_ui_serves_the_trials_on_loopback_and_renders_in_a_browser(searched):
         roles = sorted(next(t["value"] for t in r["data"]["tags"] if t["key"] == "triaccel.role") for r in runs)
         assert roles.count("parent") == 1 and roles.count("trial") == 6  # (+ a confirm run if that test ran)
         # it listens on loopback only
-        import socket
-
         out = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True).stdout if shutil.which("ss") else ""
         if out:
             assert any(f"127.0.0.1:{port}" in ln for ln in out.splitlines())

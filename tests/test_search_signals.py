@@ -4,6 +4,7 @@ stopped. Real subprocesses, real local Ray, a real sqlite MLflow store, real sig
 import contextlib
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -14,26 +15,53 @@ import yaml
 from _harness import SPACE, cli, runs, user_env, with_store
 
 
-def _sigterm_when(tmp_path, name, space, ready):
-    """Start a search, send SIGTERM to its process alone (as `kill PID` or a scheduler does) once
-    ``ready()`` holds; return (returncode, stdout, stderr)."""
-    import signal
-
+def _signal_when(tmp_path, name, space, ready, sig=signal.SIGTERM):
+    """Start a search and, once ``ready()`` holds, stop it: SIGTERM to its process alone (as `kill PID`
+    or a scheduler sends it), SIGINT to its process group (as Ctrl-C in a terminal sends it). Returns
+    (returncode, stdout, stderr)."""
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", name],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=user_env(),
                             start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 240
         while time.monotonic() < deadline and proc.poll() is None and not ready():
             time.sleep(0.05)
         assert proc.poll() is None, "the search ended before the moment to stop it"
-        proc.send_signal(signal.SIGTERM)
+        os.killpg(proc.pid, sig) if sig == signal.SIGINT else proc.send_signal(sig)
         out, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     return proc.returncode, out, err
+
+
+def _baseline_epoch_in(tmp_path):
+    """A test of whether the search's first baseline epoch is in its store."""
+    def ready():
+        try:
+            with contextlib.closing(sqlite3.connect(tmp_path / "mlruns" / "mlflow.db")) as db:
+                return bool(db.execute("select count(*) from metrics where key = 'val_acc'").fetchone()[0])
+        except sqlite3.Error:
+            return False
+    return ready
+
+
+def _stopped_in_the_baselines_then_resumed(tmp_path, name, rc, want_rc, out, err):
+    """A search stopped while its baseline trained: the stop's exit status and one line naming `resume`,
+    its baseline and parent runs KILLED; `resume` trains the baseline again and runs the trials."""
+    assert rc == want_rc and "Traceback" not in err, (rc, out[-2000:], err[-2000:])
+    assert err.strip().splitlines()[-1] == (f"triaccel: interrupted: search '{name}' stopped before it finished: "
+                                            f"`triaccel resume {name}` continues it")
+    _, all_runs = runs(tmp_path, name)
+    assert sorted((r.data.tags["triaccel.role"], r.info.status) for r in all_runs) == [
+        ("baseline", "KILLED"), ("parent", "KILLED")]
+    r = cli("resume", name, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _, all_runs = runs(tmp_path, name)
+    assert sorted((r.data.tags["triaccel.role"], r.info.status) for r in all_runs) == [
+        ("baseline", "FINISHED"), ("baseline", "KILLED"), ("parent", "FINISHED"), ("trial", "FINISHED"),
+        ("trial", "FINISHED")]
 
 
 @pytest.mark.slow
@@ -85,48 +113,16 @@ def test_ctrl_c_mid_search_is_no_finished_search_and_resume_finishes_it(tmp_path
     assert all(r.info.status == "FINISHED" for r in all_runs)  # the parent included
 
 
+# a baseline at B=8: seconds of it to stop in; three of its epochs left after the first is in
+BASELINE_SPACE = dict(SPACE, baseline={"batch_sizes": [8]}, train=dict(SPACE["train"], epochs=4))
+
+
 @pytest.mark.slow
 def test_ctrl_c_in_the_baselines_resumes_into_the_trials(tmp_path):
     """Ctrl-C while the baselines train (before Tune holds any state): exit 130, runs KILLED, and
     `resume` trains the baseline again and starts the trials, as the error line promises."""
-    import signal
-    import sqlite3
-
-    space = dict(SPACE, baseline={"batch_sizes": [8]})  # small batches: seconds of baseline to interrupt
-    space["train"] = dict(SPACE["train"], epochs=4)  # three epochs of it left after the first is in
-    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
-    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "ib"],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=user_env(),
-                            start_new_session=True)
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:  # the baseline's first epoch is in the store
-                with contextlib.closing(sqlite3.connect(tmp_path / "mlruns" / "mlflow.db")) as db:
-                    if db.execute("select count(*) from metrics where key = 'val_acc'").fetchone()[0]:
-                        break
-            except sqlite3.Error:
-                pass
-            time.sleep(0.05)
-        assert proc.poll() is None, "the baseline ended before its first epoch was seen"
-        os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130 and "Traceback" not in err, out[-2000:] + err[-2000:]
-    assert err.strip().splitlines()[-1] == ("triaccel: interrupted: search 'ib' stopped before it finished: "
-                                            "`triaccel resume ib` continues it")
-    _, all_runs = runs(tmp_path, "ib")
-    assert sorted((r.data.tags["triaccel.role"], r.info.status) for r in all_runs) == [
-        ("baseline", "KILLED"), ("parent", "KILLED")]
-
-    r = cli("resume", "ib", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    _, all_runs = runs(tmp_path, "ib")
-    assert sorted((r.data.tags["triaccel.role"], r.info.status) for r in all_runs) == [
-        ("baseline", "FINISHED"), ("baseline", "KILLED"), ("parent", "FINISHED"), ("trial", "FINISHED"),
-        ("trial", "FINISHED")]
+    rc, out, err = _signal_when(tmp_path, "ib", BASELINE_SPACE, _baseline_epoch_in(tmp_path), signal.SIGINT)
+    _stopped_in_the_baselines_then_resumed(tmp_path, "ib", rc, 130, out, err)
 
 
 @pytest.mark.slow
@@ -135,28 +131,8 @@ def test_sigterm_in_the_baselines_closes_the_runs_and_resume_finishes(tmp_path):
     runs left RUNNING in MLflow. Now as Ctrl-C: exit 143, the line saying how to resume, runs
     KILLED; `resume` finishes the search."""
     with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
-    import sqlite3
-
-    def baseline_epoch_in():
-        try:
-            with contextlib.closing(sqlite3.connect(tmp_path / "mlruns" / "mlflow.db")) as db:
-                return bool(db.execute("select count(*) from metrics where key = 'val_acc'").fetchone()[0])
-        except sqlite3.Error:
-            return False
-
-    space = dict(SPACE, baseline={"batch_sizes": [8]})  # small batches: seconds of baseline to interrupt
-    space["train"] = dict(SPACE["train"], epochs=4)  # three epochs of it left after the first is in
-    rc, out, err = _sigterm_when(tmp_path, "tb", space, baseline_epoch_in)
-    assert rc == 143 and "Traceback" not in err, (rc, out[-2000:], err[-2000:])
-    assert err.strip().splitlines()[-1] == ("triaccel: interrupted: search 'tb' stopped before it finished: "
-                                            "`triaccel resume tb` continues it")
-    _, all_runs = runs(tmp_path, "tb")
-    assert sorted((r.data.tags["triaccel.role"], r.info.status) for r in all_runs) == [
-        ("baseline", "KILLED"), ("parent", "KILLED")]
-    r = cli("resume", "tb", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    _, all_runs = runs(tmp_path, "tb")
-    assert [r.info.status for r in all_runs if r.data.tags["triaccel.role"] == "parent"] == ["FINISHED"]
+    rc, out, err = _signal_when(tmp_path, "tb", BASELINE_SPACE, _baseline_epoch_in(tmp_path))
+    _stopped_in_the_baselines_then_resumed(tmp_path, "tb", rc, 143, out, err)
 
 
 @pytest.mark.slow
@@ -167,7 +143,7 @@ def test_sigterm_in_the_trials_is_no_abort_and_resume_finishes(tmp_path):
     with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
     space = dict(SPACE)
     space["train"] = dict(SPACE["train"], epochs=4)
-    rc, out, err = _sigterm_when(tmp_path, "tt", space, lambda: any(
+    rc, out, err = _signal_when(tmp_path, "tt", space, lambda: any(
         f.stat().st_size for f in (tmp_path / "mlruns" / "tune" / "tt").glob("*/result.json")))
     assert rc == 143 and "SIGTERM received" not in err and "Traceback" not in err, (rc, out[-2000:], err[-2000:])
     assert err.strip().splitlines()[-1].startswith("triaccel: interrupted: search 'tt' stopped before it finished (")

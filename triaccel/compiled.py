@@ -30,7 +30,6 @@ import torch
 import torch.nn as nn
 
 
-
 def __getattr__(name: str):
     """``CompileError``: torch's base of its compile errors (BackendCompilerFailed, InductorError,
     Unsupported), imported on first use: importing ``torch._dynamo`` costs about two seconds, paid
