@@ -70,9 +70,7 @@ class NearBestSampler(BaseSampler):
 
     def sample_relative(self, study: Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
-        if not search_space:
-            return {}
-        return self._base.sample_relative(study, trial, search_space)
+        return self._base.sample_relative(study, trial, search_space)  # {} for a near-best trial: nothing
 
     def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
