@@ -61,6 +61,26 @@ def test_fp16_runs_as_bf16_on_a_cpu_unless_asked_and_says_so():
         assert any("fp16 is slow on a CPU" in str(x) for x in said) is not keep
 
 
+def test_half_bf16_runs_the_fp16_level_in_bf16_with_no_grad_scaler_and_says_so():
+    """triaccel.precision.half: bf16 makes the ladder bf16 / bf16 / fp32. cpu_fp16: true would keep
+    real fp16 on this CPU (the test above), so only half can have moved the level; fp32 stays fp32."""
+    said = []
+    t = Trainer(small_cfg(**{**TRI, "amp_dtype": "fp16", "triaccel.precision.cpu_fp16": "true",
+                             "triaccel.precision.half": "bf16"}), callbacks=[], log=said.append).setup()
+    seen = set()
+    for _, mod in t.precision.layers:
+        mod.register_forward_hook(lambda mod, i, o: seen.add(o.dtype))
+    with t.precision.region():
+        t.model(torch.randn(2, 1, 8, 8))
+    assert seen == {torch.bfloat16}
+    assert t.precision.levels() == ["bf16"] * len(t.precision.names)
+    assert not t.scaler.is_enabled() and not t.scaler_active()
+    assert any("fp16 is set to bf16 (triaccel.precision.half)" in str(x) for x in said)
+    name = t.precision.names[0]
+    t.precision.set(name, "fp32")
+    assert t.precision.level(name) == "fp32"
+
+
 @pytest.mark.slow
 def test_control_loop_acts_and_logs_every_window(tmp_path):
     t, loop = tri_trainer(**{"epochs": 3})

@@ -226,6 +226,11 @@ class PrecisionConfig:
     # 0.56 ms in bf16, 0.87 ms in fp32; torch 2.14, 2-core EPYC): layers at fp16 run in bf16 there,
     # said once at set-up. true keeps fp16 on a CPU (tests of the fp16 path: GradScaler, overflows).
     cpu_fp16: bool = False
+    # The 16-bit type of the lowest level (the paper's FP16). bf16 makes the ladder bf16 / bf16 / fp32:
+    # no layer runs fp16 and no GradScaler runs. Where bf16 costs no more than fp16 (an H200 under
+    # capture and compile: bf16 static B=96 1.012 s/epoch, fp16 1.039, 16 epochs,
+    # bench/results/export_vs_static/), the fp16 level buys nothing and its loss scaling costs time.
+    half: Literal["fp16", "bf16"] = "fp16"
     # The optimizer's state (SGD momentum; AdamW's two moments) in bf16: the fused kernels compute
     # each update in fp32 and store the state rounded once; master weights and gradients stay
     # fp32. Half the state's memory (ResNet-18: 21 of 43 MiB), which the efficiency score's peak

@@ -82,10 +82,11 @@ def layer_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return layer_plan(model).layers
 
 
-def supported_levels(device: torch.device, cpu_fp16: bool = False) -> dict[str, str]:
+def supported_levels(device: torch.device, cpu_fp16: bool = False, half: str = "fp16") -> dict[str, str]:
     """Map each requested level to what the device can run; a fallback is stated, never silent.
     On a CPU fp16 runs as bf16 unless ``cpu_fp16`` (there fp16 is ~17x slower than bf16: the
-    controller's fastest level would be its slowest)."""
+    controller's fastest level would be its slowest). ``half="bf16"`` runs the fp16 level as bf16
+    wherever the device runs bf16 (``triaccel.precision.half``)."""
     out = {"fp16": "fp16", "bf16": "bf16", "fp32": "fp32"}
     if device.type == "cuda":
         if not torch.cuda.is_bf16_supported(including_emulation=False):
@@ -99,6 +100,8 @@ def supported_levels(device: torch.device, cpu_fp16: bool = False) -> dict[str, 
                 out[lvl] = "fp32"
         if device.type == "cpu" and not cpu_fp16 and out["bf16"] == "bf16":
             out["fp16"] = "bf16"
+    if half == "bf16" and out["bf16"] == "bf16":
+        out["fp16"] = "bf16"
     return out
 
 
@@ -110,17 +113,21 @@ class PrecisionRuntime:
     """
 
     def __init__(self, model: nn.Module, device: torch.device, initial: str = "bf16", log=print,
-                 uniform_fast_path: bool = True, cpu_fp16: bool = False):
+                 uniform_fast_path: bool = True, cpu_fp16: bool = False, half: str = "fp16"):
         self.device_type = device.type
         plan = layer_plan(model)
         self.layers = plan.layers
         self.layer_params = plan.params  # each layer's own trainable parameters (tied ones once)
         self.names = plan.names
-        self.fallback = supported_levels(device, cpu_fp16=cpu_fp16)
+        self.fallback = supported_levels(device, cpu_fp16=cpu_fp16, half=half)
         for req, got in self.fallback.items():
             if req != got:
-                why = ("is slow on a CPU (triaccel.precision.cpu_fp16: true keeps it)"
-                       if device.type == "cpu" and (req, got) == ("fp16", "bf16") else f"is not supported on {device}")
+                if (req, got) == ("fp16", "bf16") and half == "bf16":
+                    why = "is set to bf16 (triaccel.precision.half)"
+                elif (req, got) == ("fp16", "bf16") and device.type == "cpu":
+                    why = "is slow on a CPU (triaccel.precision.cpu_fp16: true keeps it)"
+                else:
+                    why = f"is not supported on {device}"
                 log(f"[precision] {req} {why}: layers assigned {req} run in {got}")
         self._override: torch.dtype | None = None
         self._global: torch.dtype | None = None  # set while one region covers the whole forward
@@ -159,6 +166,10 @@ class PrecisionRuntime:
 
     def levels(self) -> list[str]:
         return [self.level(n) for n in self.names]
+
+    def may_use_fp16(self) -> bool:
+        """Whether any level can run in fp16 here (then a GradScaler is needed)."""
+        return "fp16" in self.fallback.values()
 
     def any_fp16(self) -> bool:
         return any(d is torch.float16 for d in self._dtype.values())

@@ -6,7 +6,7 @@ Modes:
   a GradScaler when fp16.
 - ``triaccel``: per-layer autocast regions whose dtypes the Tri-Accel control loop (a
   callback, ``triaccel.control.TriAccelLoop``) changes every control window; one GradScaler
-  used whenever any layer is fp16.
+  used whenever any layer is fp16 (none with ``triaccel.precision.half: bf16``).
 
 The step follows the guide (seed 001): forward and loss under autocast; scaled backward
 outside it; unscale once; clip; step; update the scaler; the lr schedule advances only when
@@ -180,7 +180,8 @@ class Trainer:
         if cfg.mode == "triaccel":
             self.precision = PrecisionRuntime(self.model, self.device, initial=cfg.amp_dtype, log=self.log,
                                               uniform_fast_path=cfg.triaccel.uniform_fast_path,
-                                              cpu_fp16=cfg.triaccel.precision.cpu_fp16)
+                                              cpu_fp16=cfg.triaccel.precision.cpu_fp16,
+                                              half=cfg.triaccel.precision.half)
         if cfg.mode != "triaccel" and cfg.triaccel != TriAccelConfig():
             # an exported config switched to mode amp keeps its triaccel section: say it is not read
             # (its optimizer_state: bf16, say, would otherwise seem to apply to the static run)
@@ -264,7 +265,10 @@ class Trainer:
     def _may_use_fp16(self) -> bool:
         if self.cfg.mode == "amp":
             return self.cfg.amp_dtype == "fp16"
-        return self.cfg.mode == "triaccel"
+        if self.cfg.mode != "triaccel":
+            return False
+        # half: bf16 runs no level in fp16 where the device has bf16: no scaler at all
+        return self.cfg.triaccel.precision.half == "fp16" or self.precision is None or self.precision.may_use_fp16()
 
     def scaler_active(self) -> bool:
         if self.cfg.mode == "amp":
