@@ -227,9 +227,8 @@ class PrecisionConfig:
     # said once at set-up. true keeps fp16 on a CPU (tests of the fp16 path: GradScaler, overflows).
     cpu_fp16: bool = False
     # The 16-bit type of the lowest level (the paper's FP16). bf16 makes the ladder bf16 / bf16 / fp32:
-    # no layer runs fp16 and no GradScaler runs. Where bf16 costs no more than fp16 (an H200 under
-    # capture and compile: bf16 static B=96 1.012 s/epoch, fp16 1.039, 16 epochs,
-    # bench/results/export_vs_static/), the fp16 level buys nothing and its loss scaling costs time.
+    # no layer runs fp16 and no GradScaler runs. On a GPU whose bf16 is as fast as its fp16, the fp16
+    # level buys nothing and its loss scaling (unscale, checks, skipped steps) costs time.
     half: Literal["fp16", "bf16"] = "fp16"
     # The optimizer's state (SGD momentum; AdamW's two moments) in bf16: the fused kernels compute
     # each update in fp32 and store the state rounded once; master weights and gradients stay
