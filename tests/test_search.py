@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from _harness import DIGITS_SPACE, free_port, searcher_trials, with_store
+from _harness import DIGITS_SPACE, free_port, searcher_trials, user_env, with_store
 
 pytestmark = pytest.mark.slow
 
@@ -632,3 +632,15 @@ def test_the_judge_pairs_trial_and_reference_by_seed_at_the_production_length(tm
     r = cli("export", "j", "--out", "tuned3.yaml", "--epochs", "3", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert yaml.safe_load((tmp_path / "tuned3.yaml").read_text())["epochs"] == 3
+    # bench/judge_table.py reads the same judgement back from the store as a results file
+    out = tmp_path / "judge.json"
+    r = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "bench" / "judge_table.py"),
+                        "--store", f"sqlite:///{tmp_path}/mlruns/mlflow.db", "--search", "j",
+                        "--exported", t.data.tags["triaccel.trial_id"], "--out", str(out)],
+                       capture_output=True, text=True, timeout=300, env=user_env())
+    assert r.returncode == 0, r.stderr[-2000:]
+    table = json.loads(out.read_text())
+    assert table["paired_ratio_to_reference"]["exported"]["ratios"] == pytest.approx(ratios)
+    assert table["paired_ratio_to_reference"]["exported"]["seeds"] == [0, 1]
+    (static,) = [k for k in table["summary"] if k.startswith("static amp")]
+    assert table["summary"][static]["efficiency"]["n"] == 2 and "B=" in static
