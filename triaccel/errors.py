@@ -1,4 +1,5 @@
-"""Errors that the CLI turns into one clear line and a non-zero exit (never a traceback)."""
+"""Errors that the CLI turns into one clear line and a non-zero exit (never a traceback), and the
+stop requests (SIGTERM, Ctrl-C) that end the work at its next safe point."""
 
 
 class TriAccelError(Exception):
