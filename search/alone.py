@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from triaccel.errors import ConfigError, TriAccelError
+from triaccel.errors import ConfigError, TriAccelError, check_stop
 from triaccel.search import cluster
 from triaccel.search.space import SearchSpace
 from triaccel.search.state import EXPERIMENT, open_store, parent_run, read_outcome
@@ -37,13 +37,16 @@ def default_confirm(confirm: int | None, shared: int, gpu: bool | None = None) -
 
 def run_alone(name: str, uri: str, cfg, tags: dict, label: str) -> dict | None:
     """Train one configuration alone on the device, in this process, as a child run of the
-    search: the baselines and the confirm re-runs. The summary, or None if it failed."""
+    search: the baselines and the confirm re-runs. The summary, or None if it failed. A stop asked
+    for since the last run (one whose own exception Python dropped, in that run's clean-up say) ends
+    the search here, before this run starts."""
     import time
 
     from triaccel.control import build_trainer
     from triaccel.measure import free_device
     from triaccel.tracking import MLflowLogger, log_metrics
 
+    check_stop()
     cfg.tracking.experiment = EXPERIMENT
     cfg.tracking.tracking_uri = uri
     cfg.tracking.run_name = f"{name}-{label}"
@@ -107,6 +110,7 @@ def run_baselines(name: str, space: SearchSpace, uri: str, shared: int, fresh: b
         if s is not None:
             print(f"baseline {label}: eff {s['efficiency']:.2f}  val {s['val_acc']:.2f}%  "
                   f"{s['epoch_time_last5_s']:.2f}s/epoch  {s['peak_mem_gib']:.3f} GiB", flush=True)
+    check_stop()  # not into the trials after a stop asked for in the last baseline's end
     ref = reference(trial_table(c, exp, name, role="baseline", curves=True), space.epochs)
     if ref is None:
         print("no baseline finished: trials are not held to an accuracy", flush=True)

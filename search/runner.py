@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from triaccel.errors import ConfigError
+from triaccel.errors import ConfigError, check_stop
 from triaccel.search import phases
 from triaccel.search.alone import check_confirm, confirm_top, default_confirm, run_baselines
 from triaccel.search.cluster import check_address, check_resources, init_ray, on_gpu, shared_trials
@@ -170,10 +170,12 @@ def finish(name: str, space: SearchSpace, uri: str, confirm: int) -> dict:
     from triaccel.search.judge import judged, run_judge
     from triaccel.search.summary import print_summary
 
+    check_stop()  # a stop asked for while Tune ran (SIGTERM reaches Tune's handler) or since
     if confirm:
         with phases.timed(uri, name, "confirm"):
             confirm_top(name, space, uri, confirm)
             run_judge(name, space, uri, confirm)
+    check_stop()  # no FINISHED parent after a stop asked for in the last run's end
     o = read_outcome(name, space, uri)
     j = judged(name, space, uri, o)
     record_best(name, space, uri, o, j)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import contextlib
 import os
 
-from triaccel.errors import Interrupted, TriAccelError, disk_full, interrupted
+from triaccel.errors import (Interrupted, TriAccelError, disk_full, interrupted, stop_done, stop_on_ctrl_c,
+                             stop_on_sigterm)
 from triaccel.search.state import close_running
 
 
@@ -63,8 +64,6 @@ def own_signals():
     import threading
     from types import SimpleNamespace
 
-    from triaccel.errors import stop_on_sigterm
-
     main = threading.current_thread() is threading.main_thread()
     before = signal.getsignal(signal.SIGINT) if main else None
     watch = SimpleNamespace(stopped=None)
@@ -80,9 +79,13 @@ def own_signals():
 
 @contextlib.contextmanager
 def interruptible(name: str, uri: str):
-    """Ctrl-C anywhere in a search (baselines, trials, confirm runs) ends it as stopped, never as
-    finished: its runs still RUNNING in MLflow (the parent included) are closed KILLED, and the
-    error says how to continue. The parent run is FINISHED only by ``finish``."""
+    """Ctrl-C or SIGTERM anywhere in a search (baselines, trials, confirm runs) ends it as stopped,
+    never as finished: its runs still RUNNING in MLflow (the parent included) are closed KILLED, and
+    the error says how to continue. The parent run is FINISHED only by ``finish``. Both signals are
+    taken from here on (from Python as from the CLI); a stop request still standing when the search
+    ends is spent with it."""
+    stop_on_ctrl_c()
+    stop_on_sigterm()
     try:
         yield
     except (KeyboardInterrupt, Interrupted) as e:
@@ -99,6 +102,8 @@ def interruptible(name: str, uri: str):
             raise TriAccelError(f"search '{name}' stopped: a disk it writes is full ({full}); free space, then "
                                 f"`triaccel resume {name}` continues it") from None
         raise failed(name, uri, e) from None
+    finally:
+        stop_done()
 
 
 def failed(name: str, uri: str, e: Exception) -> TriAccelError:

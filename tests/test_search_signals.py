@@ -1,6 +1,7 @@
 """Signals and stops (search/signals.py): Ctrl-C and SIGTERM in the baselines, the trials and the
-confirm runs, a Ctrl-C a library wraps, a full disk met while stopping; resume finishes what was
-stopped. Real subprocesses, real local Ray, a real sqlite MLflow store, real signals."""
+confirm runs, a Ctrl-C a library wraps, a SIGTERM whose exception Python drops (it landed in a
+weakref callback), a full disk met while stopping; resume finishes what was stopped. Real
+subprocesses, real local Ray, a real sqlite MLflow store, real signals."""
 import contextlib
 import os
 import signal
@@ -293,3 +294,66 @@ def test_only_a_signal_that_reached_tune_makes_a_search_with_trials_left_interru
         tuner.check_finished("s", 3, stopped=None)
     monkeypatch.setenv("TUNE_DISABLE_SIGINT_HANDLER", "1")
     assert signals.tune_saw_a_signal(signal.default_int_handler) is None
+
+
+# the user's model: at its 5th training forward in the search's driver (a baseline), SIGTERM to its own
+# process from inside a weakref callback, once (a marker file: not again in the trials or on resume)
+MODEL = '''
+import os, signal, weakref
+import torch.nn as nn
+
+
+class Net(nn.Module):
+    def __init__(self, num_classes, in_channels, image_size):
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_size ** 2, 32), nn.ReLU(),
+                                  nn.Linear(32, num_classes))
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += self.training
+        if self.training and self.calls == 5 and not os.path.exists("signalled"):
+            open("signalled", "w").close()
+
+            class Thing:
+                pass
+
+            def callback(ref):
+                os.kill(os.getpid(), signal.SIGTERM)
+                for _ in range(100_000):
+                    pass
+
+            thing = Thing()
+            self.ref = weakref.ref(thing, callback)
+            del thing
+        return self.body(x)
+
+
+def net(num_classes, in_channels, image_size):
+    return Net(num_classes, in_channels, image_size)
+'''
+
+
+@pytest.mark.slow
+def test_a_search_stops_in_its_baselines_when_the_sigterm_lands_in_a_weakref_callback(tmp_path):
+    """`triaccel search` gets SIGTERM while a weakref callback runs in its first baseline: the exception
+    is dropped, yet the search stops there (exit 143, the line naming resume, its runs KILLED) and
+    trains neither the rest of that baseline nor the next one."""
+    with_store(tmp_path)
+    (tmp_path / "stopmodel.py").write_text(MODEL)
+    space = dict(SPACE, name="w", baseline={"batch_sizes": [8, 16]})
+    space["train"] = dict(SPACE["train"], epochs=3, model={"class_path": "stopmodel.net"})
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    r = subprocess.run([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml"], cwd=tmp_path,
+                       capture_output=True, text=True, env=user_env(), timeout=600)
+    assert (tmp_path / "signalled").exists(), r.stderr[-3000:]
+    assert "Exception ignored in" in r.stderr and "KeyboardInterrupt" in r.stderr, r.stderr[-3000:]
+    assert r.returncode == 143, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
+    assert r.stderr.strip().splitlines()[-1] == ("triaccel: interrupted: search 'w' stopped before it finished: "
+                                                 "`triaccel resume w` continues it")
+    _, all_runs = runs(tmp_path, "w")
+    assert sorted((r.data.tags["triaccel.role"], r.info.status) for r in all_runs) == [
+        ("baseline", "KILLED"), ("parent", "KILLED")]
+    with contextlib.closing(sqlite3.connect(tmp_path / "mlruns" / "mlflow.db")) as db:
+        epochs = db.execute("select count(*) from metrics where key = 'val_acc'").fetchone()[0]
+    assert epochs == 0  # the 5th step of 3 epochs' first: no epoch finished after the stop

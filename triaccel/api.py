@@ -69,7 +69,7 @@ def load(config: str | os.PathLike | dict, model=None, data=None, overrides: lis
 def train(config: str | os.PathLike | dict, model: Callable | str | None = None, data: Callable | str | None = None,
           overrides: list[str] | None = None, on_trainer: Callable | None = None) -> TrainResult:
     """Train one run. ``overrides``: ``key=value`` strings as `--set` takes; ``on_trainer(trainer)`` is
-    called before set-up (the CLI installs its SIGTERM handler there)."""
+    called before set-up."""
     cfg = load(config, model, data, overrides)
     return run_config(cfg, on_trainer)
 
@@ -95,10 +95,9 @@ def run_config(cfg, on_trainer: Callable | None = None) -> TrainResult:
         print(f"triaccel train: {cfg.model.label()} on {data_name} ({len(trainer.train_data)} train / "
               f"{len(trainer.val_data)} val / {test}), mode {cfg.mode}, device {trainer.device}", flush=True)
         summary = trainer.fit()
-        from triaccel import errors
+        from triaccel.errors import check_stop
 
-        if errors.TERMINATED:  # SIGTERM: the loop stopped at a step boundary
-            raise KeyboardInterrupt
+        check_stop()  # a stop asked for after the last step: the run still ends KILLED
     except BaseException as e:
         _close_failed(logger, trainer, e)
         raise
@@ -124,12 +123,14 @@ def run_config(cfg, on_trainer: Callable | None = None) -> TrainResult:
 
 def _close_failed(logger, trainer, e: BaseException) -> None:
     """The MLflow run of a failed or stopped training closed as FAILED or KILLED; a full disk said in one line."""
-    from triaccel.errors import disk_full
+    from triaccel.errors import disk_full, stop_done
     from triaccel.store_lock import StoreLocked
 
     full = disk_full(e) if isinstance(e, Exception) else None
     # Ctrl-C or SIGTERM that landed inside a library call (MLflow's SQL layer wraps it in its own error)
     stopped = interrupted(e)
+    if stopped:
+        stop_done()  # carried out here: the process's next run is not stopped by it
     locked = isinstance(e, StoreLocked)  # a store held by another process: no fault of the run's
     if logger is not None:
         try:

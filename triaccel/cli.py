@@ -8,13 +8,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from triaccel.errors import Interrupted, TriAccelError, interrupted
+from triaccel.errors import Interrupted, TriAccelError
 
 
-def _stop_at_a_step_on_sigterm(trainer) -> None:
-    """SIGTERM during `train`: the loop stops at its next step (no exception raised into whatever
-    library call is running: one landing inside MLflow's SQL layer leaves the run RUNNING), then the
-    run is closed KILLED and the CLI exits 143. A second SIGTERM stops at once."""
+def _stop_at_a_step_on_sigterm() -> None:
+    """SIGTERM during `train`: the loop stops at its next step (errors.check_stop; no exception raised
+    into whatever library call is running: one landing inside MLflow's SQL layer leaves the run
+    RUNNING), then the run is closed KILLED and the CLI exits 143. A second SIGTERM stops at once."""
     import signal
     import threading
 
@@ -24,10 +24,9 @@ def _stop_at_a_step_on_sigterm(trainer) -> None:
         return
 
     def on_term(signum, frame):
-        if errors.TERMINATED:
+        if errors.stop_requested():
             raise KeyboardInterrupt
-        errors.TERMINATED = True
-        trainer.stop = True
+        errors.request_stop(signum)
 
     signal.signal(signal.SIGTERM, on_term)
 
@@ -35,7 +34,8 @@ def _stop_at_a_step_on_sigterm(trainer) -> None:
 def cmd_train(args) -> int:
     from triaccel.api import train
 
-    train(args.config, overrides=args.set, on_trainer=_stop_at_a_step_on_sigterm)
+    _stop_at_a_step_on_sigterm()
+    train(args.config, overrides=args.set)
     return 0
 
 
@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C while the command line is read: no traceback
         print("triaccel: interrupted", file=sys.stderr)
         return 130
+    errors.stop_on_ctrl_c()
     errors.stop_on_sigterm()
     try:
         from triaccel import progress

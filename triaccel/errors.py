@@ -1,4 +1,5 @@
-"""Errors that the CLI turns into one clear line and a non-zero exit (never a traceback)."""
+"""Errors that the CLI turns into one clear line and a non-zero exit (never a traceback), and the
+stop requests (SIGTERM, Ctrl-C) that end the work at its next safe point."""
 
 
 class TriAccelError(Exception):
@@ -17,6 +18,69 @@ class DataError(TriAccelError):
     """A dataset cannot be found or read; the message names the path or file."""
 
 
+# A stop asked for (SIGTERM; Ctrl-C through _on_int) and not yet carried out. The handlers raise
+# KeyboardInterrupt at once as well, but Python drops an exception raised while it runs a weakref
+# callback or ``__del__`` (it prints "Exception ignored in ..." and goes on): torch's compile caches
+# run such callbacks all through a run. The long loops read this at their safe points (check_stop),
+# so a stop whose exception was dropped still ends the work there.
+_STOP = False
+
+
+def request_stop(signum: int) -> None:
+    """Record a stop request (and, for SIGTERM, that the CLI exits 143)."""
+    import signal
+
+    global _STOP, TERMINATED
+    _STOP = True
+    if signum == signal.SIGTERM:
+        TERMINATED = True
+
+
+def stop_requested() -> bool:
+    return _STOP
+
+
+def check_stop() -> None:
+    """A safe point (a training step, the gap between runs): KeyboardInterrupt while a stop stands."""
+    if _STOP:
+        raise KeyboardInterrupt
+
+
+def stop_done() -> None:
+    """The stop reached the code that ends the work (the KeyboardInterrupt is on its way out, or has
+    been reported): a later run in this process (a notebook's next cell) is not stopped by it."""
+    global _STOP
+    _STOP = False
+
+
+def _on_int(signum, frame):
+    request_stop(signum)
+    raise KeyboardInterrupt
+
+
+def _on_term(signum, frame):
+    request_stop(signum)
+    import signal
+
+    handler = signal.getsignal(signal.SIGINT)  # Tune's graceful stop while trials run
+    if callable(handler) and handler not in (signal.default_int_handler, _on_int):
+        handler(signal.SIGINT, frame)
+    else:
+        raise KeyboardInterrupt
+
+
+def stop_on_ctrl_c() -> None:
+    """Ctrl-C raises KeyboardInterrupt as Python's own handler does, and records the request
+    (check_stop). Only where Python's handler is in place: an ignored SIGINT (a background job) or a
+    caller's own handler stays as it is."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_int)
+
+
 def stop_on_sigterm() -> None:
     """SIGTERM (``kill``, a batch scheduler, a container stopping) ends the work as Ctrl-C does:
     runs closed KILLED, Tune's state saved, the line saying how to continue. Without it Python
@@ -26,19 +90,8 @@ def stop_on_sigterm() -> None:
     import signal
     import threading
 
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def on_term(signum, frame):
-        global TERMINATED
-        TERMINATED = True
-        handler = signal.getsignal(signal.SIGINT)  # Tune's graceful stop while trials run
-        if callable(handler) and handler is not signal.default_int_handler:
-            handler(signal.SIGINT, frame)
-        else:
-            raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_term)
 
 
 def _chain(e: BaseException | None):

@@ -44,7 +44,7 @@ from triaccel.config import TrainConfig, TriAccelConfig, set_triaccel_keys
 from triaccel.controllers.batch import oom_split, resolve_buckets
 from triaccel.data import ElasticSampler, ResidentData, load_splits
 from triaccel.device import check_triton_device, cublas_workspace, cudnn_benchmark_for, resolve_device, seed_everything
-from triaccel.errors import TriAccelError
+from triaccel.errors import TriAccelError, check_stop, stop_done
 from triaccel.hooks import Callback, Decisions, StepInfo  # noqa: F401 (names of this module)
 from triaccel.userdef import TensorData, load_user_splits
 from triaccel.measure import MemoryMeter, free_device, sync
@@ -296,13 +296,20 @@ class Trainer:
                     self.graphs.release()
 
     def fit(self) -> dict:
-        with self.cublas_scope():
-            while self.epoch < self.cfg.epochs and not self.stop:
-                metrics = self.train_epoch()
-                self.history.epochs.append(metrics)
-                self.epoch += 1
-                for cb in self.callbacks:
-                    self.apply(cb.on_epoch_end(self, metrics))
+        """Train the remaining epochs. A stop request (errors.check_stop) ends it at the next step or
+        epoch as KeyboardInterrupt, also one whose own exception Python dropped mid-step."""
+        try:
+            with self.cublas_scope():
+                while self.epoch < self.cfg.epochs and not self.stop:
+                    check_stop()
+                    metrics = self.train_epoch()
+                    self.history.epochs.append(metrics)
+                    self.epoch += 1
+                    for cb in self.callbacks:
+                        self.apply(cb.on_epoch_end(self, metrics))
+        except KeyboardInterrupt:
+            stop_done()  # this run ends here: the next one in this process starts unstopped
+            raise
         summary = self.summary()
         if self.cfg.evaluate_test and self.test_data is not None:  # user data may come without a test split
             summary["test_acc"], summary["test_loss"] = self.evaluate(self.test_data)
@@ -322,6 +329,7 @@ class Trainer:
         sync(self.device)
         t0 = self.epoch_t0 = time.perf_counter()  # the loop reads the run's first step against it
         while self.sampler.remaining and not self.stop:
+            check_stop()
             idx = self.sampler.take(self.batch_size)
             loss, info = self.train_step(idx)
             loss_sum += loss
