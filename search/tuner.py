@@ -124,15 +124,41 @@ class _DropTuneFailureNoise(logging.Filter):
         return not str(record.msg).startswith("Trials did not complete")
 
 
+class _OneLineSyncFailure(logging.Filter):
+    """A failed copy of Tune's experiment state, from its staging folder to the search's Tune folder, as
+    one line. Tune writes the next state into the staging folder while the previous copy may still be
+    reading it, so on a loaded machine a copy can meet a file that has just been renamed or replaced
+    (FileNotFoundError); Tune copies the whole folder again at its next save and at the search's end,
+    and logs the failure with its whole traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is None and "Traceback (most recent call last)" not in text:
+            return True
+        head = text.split("Traceback (most recent call last)")[0].strip().rstrip(":").strip()
+        last = f"{type(exc).__name__}: {exc}" if exc is not None else text.strip().splitlines()[-1]
+        record.msg, record.args = f"{head}: {last.strip()} (Tune saves it again at its next save)", ()
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        return True
+
+
+SYNC_LOGGERS = ("ray.tune.execution.experiment_state", "ray.train._internal.syncer", "ray.train._internal.storage")
+
+
 def quiet_tune_failures() -> None:
     """A failed trial is one console line, its reason (``trial 3/8 ... FAILED Diverged: ...``); Tune
     would also print the worker's whole traceback to stderr, ~40 lines per diverged trial. Its own
     switch turns that off (TUNE_PRINT_ALL_TRIAL_ERRORS=1 brings it back); the traceback stays in
-    the trial's error file and its MLflow run."""
+    the trial's error file and its MLflow run. A failed copy of Tune's state is one line too."""
     os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
     lg = logging.getLogger("ray.tune.tune")
     if not any(isinstance(f, _DropTuneFailureNoise) for f in lg.filters):
         lg.addFilter(_DropTuneFailureNoise())
+    for name in SYNC_LOGGERS:
+        lg = logging.getLogger(name)
+        if not any(isinstance(f, _OneLineSyncFailure) for f in lg.filters):
+            lg.addFilter(_OneLineSyncFailure())
 
 
 def new_tuner(space: SearchSpace, name: str, uri: str, shared: int, ref_curve: list | None, searcher=None,

@@ -57,3 +57,41 @@ def test_a_killed_trial_worker_is_a_failed_trial_and_the_search_finishes(tmp_pat
     assert sorted(t.info.status for t in trials) == ["FAILED", "FINISHED", "FINISHED"], [t.info.status for t in trials]
     _, parents = runs(tmp_path, "k", role="parent")
     assert [p.info.status for p in parents] == ["FINISHED"]
+
+
+SYNC_FAILS = r'''
+import logging, pathlib, shutil, sys
+import ray
+ray.init(num_cpus=1, include_dashboard=False, logging_level=logging.ERROR, configure_logging=True)
+from ray.train._internal.storage import StorageContext
+from ray.tune.execution.experiment_state import _ExperimentCheckpointManager
+from triaccel.search.tuner import quiet_tune_failures
+root = pathlib.Path(sys.argv[1])
+storage = StorageContext(storage_path=str(root / "store"), experiment_dir_name="exp")
+shutil.rmtree(root / "store" / "exp", ignore_errors=True)
+(root / "store" / "exp").write_text("a file where Tune's folder should be: every copy fails")
+manager = _ExperimentCheckpointManager(storage=storage, checkpoint_period=0)
+def save():
+    p = pathlib.Path(storage.experiment_driver_staging_path)
+    p.mkdir(parents=True, exist_ok=True)
+    (p / "experiment_state.json").write_text("{}")
+manager.sync_up_experiment_state(save_fn=save, force=True, wait=True)
+print("QUIET FROM HERE", file=sys.stderr, flush=True)
+quiet_tune_failures()
+manager.sync_up_experiment_state(save_fn=save, force=True, wait=True)
+manager.sync_up_experiment_state(save_fn=save, force=True, wait=True)
+'''
+
+
+def test_a_failed_copy_of_tunes_state_is_one_line_not_a_traceback(tmp_path):
+    """Tune copies its experiment state from a staging folder to the search's Tune folder after every
+    event, in a thread; a copy that fails (on a loaded machine, a file replaced while it is read) is
+    logged by Ray with its whole traceback. Here every copy fails, through Ray's own classes."""
+    p = subprocess.run([sys.executable, "-c", SYNC_FAILS, str(tmp_path)], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=120, env=user_env())
+    assert p.returncode == 0, p.stdout[-3000:]
+    loud, quiet = p.stdout.split("QUIET FROM HERE")
+    assert "Traceback (most recent call last)" in loud  # what Ray prints unfiltered
+    assert "Traceback (most recent call last)" not in quiet, quiet
+    lines = [ln for ln in quiet.splitlines() if "Saving experiment state" in ln]
+    assert len(lines) >= 2 and all("NotADirectoryError" in ln and "saves it again" in ln for ln in lines), quiet
