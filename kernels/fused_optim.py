@@ -61,36 +61,92 @@ def hw_bf16() -> bool:
 
 HW_BF16: bool | None = None
 
+ROUNDINGS = {"nearest": 0, "stochastic": 1, "kahan": 2}  # how an update is stored in bf16 master weights
+
 
 @triton.jit
-def _sgd_kernel(table_ptr, lr_ptr, lr_mult, scale_ptr, found_inf_ptr, momentum, weight_decay,
+def _mix32(x):
+    """A 32-bit integer hash (lowbias32): the random bits of stochastic rounding, a pure function of
+    (seed, tensor, element), so the kernel and its reference (``reference.mix32_ref``) draw the same."""
+    x = x ^ (x >> 16)
+    x = x * 0x7FEB352D
+    x = x ^ (x >> 15)
+    x = x * 0x846CA68B
+    x = x ^ (x >> 16)
+    return x
+
+
+@triton.jit
+def _bf16_sr(x, seed, seg, offs):
+    """fp32 -> bf16, rounded stochastically: up with probability equal to the fraction of a bf16 step
+    the value lies above the lower neighbour, so a rounded update is exact in expectation and a step
+    smaller than half a bf16 step still moves the weight (nearest rounding drops it every time). A NaN
+    stays a NaN, as in ``_bf16_rne``."""
+    key = _mix32(seed.to(tl.uint32) ^ _mix32(seg.to(tl.uint32) + 1))
+    r = _mix32(offs.to(tl.uint32) ^ key)
+    bits = x.to(tl.uint32, bitcast=True)
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    bits = tl.where(nan, bits | 0x00400000, bits + (r & 0xFFFF))
+    return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _store_param(p_ptr, c_ptr, offs, mask, new, seed, seg, PARAM_BF16: tl.constexpr, ROUND: tl.constexpr,
+                 HW_BF16: tl.constexpr):
+    """The updated weight ``new`` (fp32) stored as the master weight is kept: fp32 as it is; bf16
+    rounded to nearest, stochastically, or to nearest with the rounding error kept in a bf16
+    compensation buffer (Kahan) that the next update adds back."""
+    if PARAM_BF16:
+        if ROUND == 1:
+            tl.store(p_ptr + offs, _bf16_sr(new, seed, seg, offs), mask=mask)
+        else:
+            pb = _to_bf16(new, HW_BF16)
+            tl.store(p_ptr + offs, pb, mask=mask)
+            if ROUND == 2:
+                tl.store(c_ptr + offs, _to_bf16(new - pb.to(tl.float32), HW_BF16), mask=mask)
+    else:
+        tl.store(p_ptr + offs, new, mask=mask)
+
+
+@triton.jit
+def _sgd_kernel(table_ptr, lr_ptr, lr_mult, scale_ptr, found_inf_ptr, seed_ptr, momentum, weight_decay,
                 HAS_MOMENTUM: tl.constexpr, NESTEROV: tl.constexpr, HAS_SCALE: tl.constexpr,
                 HAS_INF: tl.constexpr, STATE_BF16: tl.constexpr, BLOCK: tl.constexpr, HW_BF16: tl.constexpr = False,
-                ALIGNED: tl.constexpr = False):
+                ALIGNED: tl.constexpr = False, PARAM_BF16: tl.constexpr = False, ROUND: tl.constexpr = 0):
+    # a row: p, g, momentum, [compensation where ROUND == 2], start, n, segment, group
+    W: tl.constexpr = 8 if ROUND == 2 else 7
     pid = tl.program_id(0).to(tl.int64)
-    row = table_ptr + pid * 7
-    p_ptr = tl.load(row).to(tl.pointer_type(tl.float32))
-    g_ptr = tl.load(row + 1).to(tl.pointer_type(tl.float32))
+    row = table_ptr + pid * W
+    if PARAM_BF16:  # bf16 master weights and gradients; the update computes in fp32
+        p_ptr = tl.load(row).to(tl.pointer_type(tl.bfloat16))
+        g_ptr = tl.load(row + 1).to(tl.pointer_type(tl.bfloat16))
+    else:
+        p_ptr = tl.load(row).to(tl.pointer_type(tl.float32))
+        g_ptr = tl.load(row + 1).to(tl.pointer_type(tl.float32))
     if STATE_BF16:  # the buffer is stored in bf16; the update computes in fp32
         m_ptr = tl.load(row + 2).to(tl.pointer_type(tl.bfloat16))
     else:
         m_ptr = tl.load(row + 2).to(tl.pointer_type(tl.float32))
+    c_ptr = tl.load(row + 3).to(tl.pointer_type(tl.bfloat16))  # read only where ROUND == 2
     if ALIGNED:  # every tensor 16-byte aligned (measured only: bench/sgd_state_bench.py)
         p_ptr = tl.multiple_of(p_ptr, 16)
         g_ptr = tl.multiple_of(g_ptr, 16)
         m_ptr = tl.multiple_of(m_ptr, 16)
-    start = tl.load(row + 3)
-    n = tl.load(row + 4)
-    group = tl.load(row + 6)
+    start = tl.load(row + W - 4)
+    n = tl.load(row + W - 3)
+    seg = tl.load(row + W - 2)
+    group = tl.load(row + W - 1)
     if HAS_INF:
         n = tl.where(tl.load(found_inf_ptr) == 0, n, 0)  # skipped step: nothing read, nothing written
     offs = start + tl.arange(0, BLOCK)
     mask = offs < n
     lr = tl.load(lr_ptr + group) * lr_mult
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_SCALE:
         g = g / tl.load(scale_ptr)
-    p = tl.load(p_ptr + offs, mask=mask, other=0.0)
+    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if ROUND == 2:
+        p = p + tl.load(c_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     g = g + weight_decay * p
     if HAS_MOMENTUM:
         m = tl.load(m_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -103,26 +159,36 @@ def _sgd_kernel(table_ptr, lr_ptr, lr_mult, scale_ptr, found_inf_ptr, momentum, 
             g = g + momentum * m
         else:
             g = m
-    tl.store(p_ptr + offs, p - lr * g, mask=mask)
+    seed = tl.load(seed_ptr)  # the stochastic rounding's draw (a device counter: capture replays advance it)
+    _store_param(p_ptr, c_ptr, offs, mask, p - lr * g, seed, seg, PARAM_BF16, ROUND, HW_BF16)
 
 
 @triton.jit
-def _adamw_kernel(table_ptr, lr_ptr, lr_mult, scale_ptr, found_inf_ptr, step_ptr, beta1, beta2, eps, weight_decay,
-                  HAS_SCALE: tl.constexpr, HAS_INF: tl.constexpr, STATE_BF16: tl.constexpr, BLOCK: tl.constexpr,
-                  HW_BF16: tl.constexpr = False):
+def _adamw_kernel(table_ptr, lr_ptr, lr_mult, scale_ptr, found_inf_ptr, step_ptr, seed_ptr, beta1, beta2, eps,
+                  weight_decay, HAS_SCALE: tl.constexpr, HAS_INF: tl.constexpr, STATE_BF16: tl.constexpr,
+                  BLOCK: tl.constexpr, HW_BF16: tl.constexpr = False, PARAM_BF16: tl.constexpr = False,
+                  ROUND: tl.constexpr = 0):
+    # a row: p, g, exp_avg, exp_avg_sq, [compensation where ROUND == 2], start, n, segment, group
+    W: tl.constexpr = 9 if ROUND == 2 else 8
     pid = tl.program_id(0).to(tl.int64)
-    row = table_ptr + pid * 8
-    p_ptr = tl.load(row).to(tl.pointer_type(tl.float32))
-    g_ptr = tl.load(row + 1).to(tl.pointer_type(tl.float32))
+    row = table_ptr + pid * W
+    if PARAM_BF16:
+        p_ptr = tl.load(row).to(tl.pointer_type(tl.bfloat16))
+        g_ptr = tl.load(row + 1).to(tl.pointer_type(tl.bfloat16))
+    else:
+        p_ptr = tl.load(row).to(tl.pointer_type(tl.float32))
+        g_ptr = tl.load(row + 1).to(tl.pointer_type(tl.float32))
     if STATE_BF16:
         m_ptr = tl.load(row + 2).to(tl.pointer_type(tl.bfloat16))
         v_ptr = tl.load(row + 3).to(tl.pointer_type(tl.bfloat16))
     else:
         m_ptr = tl.load(row + 2).to(tl.pointer_type(tl.float32))
         v_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float32))
-    start = tl.load(row + 4)
-    n = tl.load(row + 5)
-    group = tl.load(row + 7)
+    c_ptr = tl.load(row + 4).to(tl.pointer_type(tl.bfloat16))  # read only where ROUND == 2
+    start = tl.load(row + W - 4)
+    n = tl.load(row + W - 3)
+    seg = tl.load(row + W - 2)
+    group = tl.load(row + W - 1)
     if HAS_INF:
         n = tl.where(tl.load(found_inf_ptr) == 0, n, 0)
     offs = start + tl.arange(0, BLOCK)
@@ -131,10 +197,12 @@ def _adamw_kernel(table_ptr, lr_ptr, lr_mult, scale_ptr, found_inf_ptr, step_ptr
     step = tl.load(step_ptr)
     bc1 = 1.0 - tl.exp(step * tl.log(beta1))
     bc2_sqrt = tl.sqrt(1.0 - tl.exp(step * tl.log(beta2)))
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_SCALE:
         g = g / tl.load(scale_ptr)
-    p = tl.load(p_ptr + offs, mask=mask, other=0.0)
+    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if ROUND == 2:
+        p = p + tl.load(c_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     m = tl.load(m_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     p = p * (1.0 - lr * weight_decay)
@@ -147,7 +215,8 @@ def _adamw_kernel(table_ptr, lr_ptr, lr_mult, scale_ptr, found_inf_ptr, step_ptr
     else:
         tl.store(m_ptr + offs, m, mask=mask)
         tl.store(v_ptr + offs, v, mask=mask)
-    tl.store(p_ptr + offs, p, mask=mask)
+    seed = tl.load(seed_ptr)  # the stochastic rounding's draw (a device counter: capture replays advance it)
+    _store_param(p_ptr, c_ptr, offs, mask, p, seed, seg, PARAM_BF16, ROUND, HW_BF16)
 
 
 def _common_ratio(new: list[float], ref: list[float] | None, rtol: float = 1e-9) -> float | None:
@@ -181,31 +250,62 @@ def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and all(sa == sb for n, sa, sb in zip(a.shape, a.stride(), b.stride()) if n > 1)
 
 
+class _Part:
+    """The parameters of one master-weight dtype with gradients, as one launch reads them: their
+    gradients, group ids, per-name state buffers and, for Kahan-rounded bf16 weights, the
+    compensation buffers."""
+
+    def __init__(self, dtype, ps, gid, state, comps):
+        self.dtype, self.ps, self.gid, self.state, self.comps = dtype, ps, gid, state, comps
+        self.table: BlockTable | None = None  # built on first launch
+
+    @property
+    def bf16(self) -> bool:
+        return self.dtype == torch.bfloat16
+
+
 class _FusedBase(torch.optim.Optimizer):
     _step_supports_amp_scaling = True  # GradScaler hands us grad_scale / found_inf tensors
     _buffers: tuple = ()  # the per-parameter state buffers, kept in ``state_dtype``
 
-    def __init__(self, params, defaults, backend: str, state_dtype: torch.dtype = torch.float32):
+    def __init__(self, params, defaults, backend: str, state_dtype: torch.dtype = torch.float32,
+                 rounding: str = "stochastic"):
         if backend not in ("auto", "triton", "torch"):
             raise ValueError(f"backend must be auto, triton or torch, got {backend!r}")
         if state_dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"state_dtype must be torch.float32 or torch.bfloat16, got {state_dtype}")
+        if rounding not in ROUNDINGS:
+            raise ValueError(f"rounding must be one of {', '.join(ROUNDINGS)}, got {rounding!r}")
         super().__init__(params, defaults)
         self.backend = backend
         # bf16: the state buffers (momentum; AdamW's two moments) are stored in bf16 and the update
-        # computes in fp32 (one rounding per store): half the state's memory. Master weights and
-        # gradients stay fp32.
+        # computes in fp32 (one rounding per store): half the state's memory.
         self.state_dtype = state_dtype
+        # Master weights are kept in their parameter's dtype: fp32, or bf16 (their gradients then bf16
+        # too), each dtype one launch. A bf16 weight's update computes in fp32 and is stored as
+        # ``rounding`` says (``_store_param``).
+        self.rounding = rounding
         self._dummy: torch.Tensor | None = None
+        self._seed_t: torch.Tensor | None = None
         self._lr_cache: list | None = None
         self._lr_dev: torch.Tensor | None = None
         self._plan_key: tuple | None = None
-        self._plan_val: tuple | None = None
-        self._plan_table: BlockTable | None = None  # the plan's block table, built on first launch
+        self._plan_val: list[_Part] = []
         self.plan_builds = 0  # how often the plan was (re)built: once per address set in a steady loop
 
     def _use_triton(self, device) -> bool:
         return self.backend == "triton" or (self.backend == "auto" and triton_usable(device))
+
+    def _round(self, part: _Part) -> int:
+        return ROUNDINGS[self.rounding] if part.bf16 else 0
+
+    def _seed(self, device) -> torch.Tensor:
+        """The stochastic rounding's step counter, on the device (a captured step advances it on
+        replay); in the state of the first parameter, so a resumed run draws as the uninterrupted one."""
+        st = self.state[self.param_groups[0]["params"][0]]
+        if "sr_seed" not in st or st["sr_seed"].device != device:
+            st["sr_seed"] = torch.zeros(1, dtype=torch.int64, device=device)
+        return st["sr_seed"]
 
     def _lrs(self, device) -> tuple[torch.Tensor, float]:
         """(per-group lr array on the device, scalar multiplier): lr_g = array[g] * multiplier.
@@ -227,35 +327,46 @@ class _FusedBase(torch.optim.Optimizer):
         self._lr_cache = lrs
         return self._lr_dev, 1.0
 
-    def _plan(self, *state_names):
-        """(params, grads, group ids, state buffers per name), validated once per memory layout.
+    def _plan(self, *state_names) -> list[_Part]:
+        """The parameters with gradients, one part per master-weight dtype (fp32 first), validated
+        once per memory layout.
 
         The plan is keyed by the parameters' storage and which of them have gradients, not by
         the gradients' addresses: gradients set to None between steps come back elsewhere every
-        step, and the block table refreshes their column in place (``BlockTable.update``). Their
-        layout is checked when the plan is built; autograd's gradient layout contract (a dense
+        step, and each part's block table refreshes their column in place (``BlockTable.update``).
+        Their layout is checked when the plan is built; autograd's gradient layout contract (a dense
         parameter's gradient takes its strides) keeps it. New parameter storage, a gradient that
         appears or disappears, or a loaded state builds the plan again.
         """
         key = tuple((p.data_ptr(), p.grad is None) for g in self.param_groups for p in g["params"])
         if key != self._plan_key:
-            ps, gs, gid = self._collect()
-            self._plan_val = (ps, gid, self._state(ps, *state_names))
+            parts = []
+            for dtype, (ps, gid) in self._collect().items():
+                comps = None
+                if dtype == torch.bfloat16 and self.rounding == "kahan":
+                    comps = self._state(ps, "kahan_comp", dtype=torch.bfloat16)[0]
+                parts.append(_Part(dtype, ps, gid, self._state(ps, *state_names), comps))
+            self._plan_val = parts
             self._plan_key = key
-            self._plan_table = None
             self.plan_builds += 1
-        ps, gid, state = self._plan_val
-        return ps, [p.grad for p in ps], gid, state
+        return self._plan_val
 
     def load_state_dict(self, state_dict):
+        """torch.optim casts loaded floating state to its parameter's dtype: bf16 buffers of fp32 weights
+        would come back as fp32 (which the kernels would read as bf16 pairs), and fp32 state of bf16
+        weights (momentum, AdamW's moments and step count) rounded to bf16. Each buffer is set again
+        from the saved tensor, in the dtype this optimizer keeps it in."""
         self._plan_key = None  # state buffers are replaced
+        saved = state_dict["state"]
+        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
         super().load_state_dict(state_dict)
-        # torch.optim casts loaded state to the parameter's dtype (fp32): bf16 buffers come back
-        # as fp32, which the kernels would read as bf16 pairs
-        for st in self.state.values():
-            for k in self._buffers:
-                if k in st and st[k].dtype != self.state_dtype:
-                    st[k] = st[k].to(self.state_dtype)
+        keep = {**{k: self.state_dtype for k in self._buffers}, "fused_step": torch.float32,
+                "kahan_comp": torch.bfloat16, "sr_seed": torch.int64}
+        for i, p in zip(ids, [p for g in self.param_groups for p in g["params"]]):
+            st = self.state.get(p)
+            for k, dtype in keep.items():
+                if st is not None and k in st and torch.is_tensor(saved.get(i, {}).get(k)):
+                    st[k] = saved[i][k].to(device=p.device, dtype=dtype)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Gradients zeroed in place by one multi-tensor launch per dtype, as torch's fused and
@@ -286,33 +397,36 @@ class _FusedBase(torch.optim.Optimizer):
             for grads in by_dtype.values():
                 torch._foreach_zero_(grads)
 
-    def _collect(self):
-        ps, gs, gid = [], [], []
+    def _collect(self) -> dict:
+        """{master-weight dtype: (params with gradients, their group ids)}, fp32 first."""
+        parts: dict = {torch.float32: ([], []), torch.bfloat16: ([], [])}
         for i, g in enumerate(self.param_groups):
             for p in g["params"]:
                 if p.grad is not None:
-                    if p.dtype != torch.float32 or p.grad.dtype != torch.float32:
-                        raise TypeError("fused optimizers keep fp32 master weights and fp32 gradients")
+                    if p.dtype not in parts or p.grad.dtype != p.dtype:
+                        raise TypeError("fused optimizers keep fp32 or bf16 master weights, each with a gradient "
+                                        f"of its dtype (got a {p.dtype} weight with a {p.grad.dtype} gradient)")
                     if not (_same_layout(p.grad, p) and _dense(p)):
                         # the kernels walk p, grad and state by flat offset: one dense layout for all
                         raise ValueError("fused optimizers need each gradient in its parameter's dense layout "
                                          f"(param strides {p.stride()}, grad strides {p.grad.stride()})")
-                    ps.append(p)
-                    gs.append(p.grad)
-                    gid.append(i)
-        return ps, gs, gid
+                    parts[p.dtype][0].append(p)
+                    parts[p.dtype][1].append(i)
+        return {d: v for d, v in parts.items() if v[0]}
 
-    def _state(self, ps, *names) -> list[list[torch.Tensor]]:
-        """Per-parameter state buffers (created as zeros on first use), one list per name."""
+    def _state(self, ps, *names, dtype: torch.dtype | None = None) -> list[list[torch.Tensor]]:
+        """Per-parameter state buffers (created as zeros on first use) in ``dtype`` (default the
+        state dtype), one list per name."""
+        dtype = dtype or self.state_dtype
         out = [[] for _ in names]
         for p in ps:
             st = self.state[p]
             for lst, n in zip(out, names):
                 if n not in st:
-                    st[n] = torch.zeros_like(p, dtype=self.state_dtype)
-                if st[n].dtype != self.state_dtype or not _same_layout(st[n], p):
+                    st[n] = torch.zeros_like(p, dtype=dtype)
+                if st[n].dtype != dtype or not _same_layout(st[n], p):
                     raise TypeError(f"{type(self).__name__}: state {n!r} is {st[n].dtype} {tuple(st[n].stride())}, "
-                                    f"expected {self.state_dtype} in its parameter's layout")
+                                    f"expected {dtype} in its parameter's layout")
                 lst.append(st[n])
         return out
 
@@ -335,42 +449,55 @@ class _FusedBase(torch.optim.Optimizer):
 
 
 class FusedSGD(_FusedBase):
-    """``torch.optim.SGD`` (dampening 0) with per-group lr, in one launch per step."""
+    """``torch.optim.SGD`` (dampening 0) with per-group lr, in one launch per step (per master-weight
+    dtype)."""
 
     _buffers = ("momentum_buffer",)
 
     def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
-                 backend: str = "auto", state_dtype: torch.dtype = torch.float32):
+                 backend: str = "auto", state_dtype: torch.dtype = torch.float32, rounding: str = "stochastic"):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov), backend,
-                         state_dtype)
+                         state_dtype, rounding)
 
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
-        ps, gs, gid, (bufs,) = self._plan("momentum_buffer")  # zeros = torch's clone(g) at step 1 (dampening 0)
-        if not ps:
+        parts = self._plan("momentum_buffer")  # zeros = torch's clone(g) at step 1 (dampening 0)
+        if not parts:
             return loss
         mom, wd, nest = self._shared("momentum", "weight_decay", "nesterov")
-        dev = ps[0].device
+        dev = parts[0].ps[0].device
         scale, found, scale_t, found_t = self._flags(dev)
-        if self._use_triton(dev):
-            if self._plan_table is None:
-                self._plan_table = BlockTable([ps, gs, bufs], BLOCK, extra=gid, dynamic=(1,))
-            table = self._plan_table.update(1, gs)
-            lr_dev, lr_mult = self._lrs(dev)
-            _sgd_kernel[(table.shape[0],)](table, lr_dev, float(lr_mult), scale_t, found_t, float(mom), float(wd),
-                                           HAS_MOMENTUM=mom != 0, NESTEROV=bool(nest), HAS_SCALE=scale is not None,
-                                           HAS_INF=found is not None, STATE_BF16=self.state_dtype == torch.bfloat16,
-                                           BLOCK=BLOCK, HW_BF16=hw_bf16(), ALIGNED=ALIGNED, num_warps=4)
-        else:
-            lrs = [self.param_groups[i]["lr"] for i in gid]
-            sgd_step_ref(ps, gs, bufs, lrs, momentum=mom, weight_decay=wd, nesterov=nest,
-                         inv_scale=None if scale is None else 1.0 / scale, found_inf=found)
+        stochastic = any(self._round(part) == 1 for part in parts)
+        seed_t = self._seed(dev) if stochastic else scale_t  # read only where a part rounds stochastically
+        for part in parts:
+            (bufs,), rnd = part.state, self._round(part)
+            gs = [p.grad for p in part.ps]
+            if self._use_triton(dev):
+                if part.table is None:
+                    cols = [part.ps, gs, bufs] + ([part.comps] if rnd == 2 else [])
+                    part.table = BlockTable(cols, BLOCK, extra=part.gid, dynamic=(1,))
+                table = part.table.update(1, gs)
+                lr_dev, lr_mult = self._lrs(dev)
+                _sgd_kernel[(table.shape[0],)](table, lr_dev, float(lr_mult), scale_t, found_t, seed_t, float(mom),
+                                               float(wd), HAS_MOMENTUM=mom != 0, NESTEROV=bool(nest),
+                                               HAS_SCALE=scale is not None, HAS_INF=found is not None,
+                                               STATE_BF16=self.state_dtype == torch.bfloat16, BLOCK=BLOCK,
+                                               HW_BF16=hw_bf16(), ALIGNED=ALIGNED, PARAM_BF16=part.bf16, ROUND=rnd,
+                                               num_warps=4)
+            else:
+                lrs = [self.param_groups[i]["lr"] for i in part.gid]
+                sgd_step_ref(part.ps, gs, bufs, lrs, momentum=mom, weight_decay=wd, nesterov=nest,
+                             inv_scale=None if scale is None else 1.0 / scale, found_inf=found,
+                             rounding=self.rounding, comps=part.comps, seed=seed_t)
+        if stochastic:
+            seed_t.add_(1)
         return loss
 
 
 class FusedAdamW(_FusedBase):
-    """``torch.optim.AdamW`` (no amsgrad) with per-group lr, in one launch per step.
+    """``torch.optim.AdamW`` (no amsgrad) with per-group lr, in one launch per step (per master-weight
+    dtype).
 
     The step count lives on the device and advances only on steps that were not skipped.
     """
@@ -378,20 +505,22 @@ class FusedAdamW(_FusedBase):
     _buffers = ("exp_avg", "exp_avg_sq")
 
     def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
-                 backend: str = "auto", state_dtype: torch.dtype = torch.float32):
+                 backend: str = "auto", state_dtype: torch.dtype = torch.float32, rounding: str = "stochastic"):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), backend,
-                         state_dtype)
+                         state_dtype, rounding)
 
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
-        ps, gs, gid, (ms, vs) = self._plan("exp_avg", "exp_avg_sq")
-        if not ps:
+        parts = self._plan("exp_avg", "exp_avg_sq")
+        if not parts:
             return loss
         (b1, b2), eps, wd = self._shared("betas", "eps", "weight_decay")
-        dev = ps[0].device
+        dev = parts[0].ps[0].device
         scale, found, scale_t, found_t = self._flags(dev)
-        st0 = self.state[ps[0]]
+        stochastic = any(self._round(part) == 1 for part in parts)
+        seed_t = self._seed(dev) if stochastic else scale_t  # read only where a part rounds stochastically
+        st0 = self.state[self.param_groups[0]["params"][0]]
         if "fused_step" not in st0:
             st0["fused_step"] = torch.zeros(1, dtype=torch.float32, device=dev)
         step_t = st0["fused_step"]
@@ -399,17 +528,25 @@ class FusedAdamW(_FusedBase):
             step_t.add_((found.reshape(-1)[:1] == 0).float())  # a skipped step does not count
         else:
             step_t.add_(1.0)
-        if self._use_triton(dev):
-            if self._plan_table is None:
-                self._plan_table = BlockTable([ps, gs, ms, vs], BLOCK, extra=gid, dynamic=(1,))
-            table = self._plan_table.update(1, gs)
-            lr_dev, lr_mult = self._lrs(dev)
-            _adamw_kernel[(table.shape[0],)](table, lr_dev, float(lr_mult), scale_t, found_t, step_t, float(b1), float(b2),
-                                             float(eps), float(wd), HAS_SCALE=scale is not None,
-                                             HAS_INF=found is not None, STATE_BF16=self.state_dtype == torch.bfloat16,
-                                             BLOCK=BLOCK, HW_BF16=hw_bf16(), num_warps=4)
-        else:
-            lrs = [self.param_groups[i]["lr"] for i in gid]
-            adamw_step_ref(ps, gs, ms, vs, lrs, int(step_t.item()), beta1=b1, beta2=b2, eps=eps, weight_decay=wd,
-                           inv_scale=None if scale is None else 1.0 / scale, found_inf=found)
+        for part in parts:
+            (ms, vs), rnd = part.state, self._round(part)
+            gs = [p.grad for p in part.ps]
+            if self._use_triton(dev):
+                if part.table is None:
+                    cols = [part.ps, gs, ms, vs] + ([part.comps] if rnd == 2 else [])
+                    part.table = BlockTable(cols, BLOCK, extra=part.gid, dynamic=(1,))
+                table = part.table.update(1, gs)
+                lr_dev, lr_mult = self._lrs(dev)
+                _adamw_kernel[(table.shape[0],)](table, lr_dev, float(lr_mult), scale_t, found_t, step_t, seed_t,
+                                                 float(b1), float(b2), float(eps), float(wd),
+                                                 HAS_SCALE=scale is not None, HAS_INF=found is not None,
+                                                 STATE_BF16=self.state_dtype == torch.bfloat16, BLOCK=BLOCK,
+                                                 HW_BF16=hw_bf16(), PARAM_BF16=part.bf16, ROUND=rnd, num_warps=4)
+            else:
+                lrs = [self.param_groups[i]["lr"] for i in part.gid]
+                adamw_step_ref(part.ps, gs, ms, vs, lrs, int(step_t.item()), beta1=b1, beta2=b2, eps=eps,
+                               weight_decay=wd, inv_scale=None if scale is None else 1.0 / scale, found_inf=found,
+                               rounding=self.rounding, comps=part.comps, seed=seed_t)
+        if stochastic:
+            seed_t.add_(1)
         return loss

@@ -52,41 +52,97 @@ def variance_ema_ref(stats: torch.Tensor, numel: torch.Tensor, ema: torch.Tensor
     fisher_acc.add_(stats[:, 1] * float(n_examples))
 
 
+_M32 = 0xFFFFFFFF
+
+
+def mix32_ref(x: torch.Tensor) -> torch.Tensor:
+    """The kernels' 32-bit hash (``fused_optim._mix32``) on int64 tensors holding uint32 values."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def bf16_stochastic_ref(x: torch.Tensor, seed: int, seg: int) -> torch.Tensor:
+    """``fused_optim._bf16_sr``: fp32 ``x`` (tensor ``seg`` of its launch, step ``seed``) rounded to
+    bf16 stochastically, with the kernel's random bits; NaN stays NaN."""
+    key = mix32_ref(torch.tensor(seed & _M32) ^ mix32_ref(torch.tensor((seg + 1) & _M32)))
+    flat = x.detach().float().reshape(-1)
+    r = mix32_ref(torch.arange(flat.numel(), dtype=torch.int64, device=flat.device) ^ key.to(flat.device))
+    bits = flat.view(torch.int32).to(torch.int64) & _M32
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    bits = torch.where(nan, bits | 0x00400000, (bits + (r & 0xFFFF)) & _M32)
+    hi = bits >> 16
+    hi = torch.where(hi >= 0x8000, hi - 0x10000, hi)
+    return hi.to(torch.int16).view(torch.bfloat16).reshape(x.shape)
+
+
+def store_param_ref(p: torch.Tensor, new: torch.Tensor, comp: torch.Tensor | None, rounding: str, seed: int,
+                    seg: int) -> None:
+    """``fused_optim._store_param``: the updated fp32 weight ``new`` stored into ``p`` as its dtype keeps it."""
+    if p.dtype != torch.bfloat16:
+        p.copy_(new)
+    elif rounding == "stochastic":
+        p.copy_(bf16_stochastic_ref(new, seed, seg))
+    else:
+        pb = new.to(torch.bfloat16)
+        p.copy_(pb)
+        if rounding == "kahan":
+            comp.copy_(new - pb.float())
+
+
+def _master(p, comp, rounding):
+    """The weight an update starts from, in fp32: a bf16 weight plus its Kahan compensation."""
+    w = p.float()
+    return w + comp.float() if p.dtype == torch.bfloat16 and rounding == "kahan" else w
+
+
 def sgd_step_ref(params, grads, bufs, lrs, *, momentum: float, weight_decay: float, nesterov: bool,
-                 inv_scale: torch.Tensor | None = None, found_inf: torch.Tensor | None = None) -> None:
+                 inv_scale: torch.Tensor | None = None, found_inf: torch.Tensor | None = None,
+                 rounding: str = "nearest", comps=None, seed: torch.Tensor | int = 0) -> None:
     """torch.optim.SGD's update (dampening 0) with per-tensor lr, unscale and inf skip.
 
     A bf16 momentum buffer is computed in fp32, stored rounded once, and the update uses the
-    unrounded value (as the kernel does)."""
+    unrounded value (as the kernel does). bf16 weights: the update computes in fp32 and is stored
+    as ``rounding`` says (``store_param_ref``); ``params`` are one launch's tensors, in its order."""
     if found_inf is not None and float(found_inf) > 0:
         return
-    for p, g, b, lr in zip(params, grads, bufs, lrs):
+    seed = int(seed)
+    for i, (p, g, b, lr) in enumerate(zip(params, grads, bufs, lrs)):
+        comp = comps[i] if comps is not None else None
+        w = _master(p, comp, rounding)
         g = g.float() * (float(inv_scale) if inv_scale is not None else 1.0)
         if weight_decay:
-            g = g + weight_decay * p
+            g = g + weight_decay * w
         if momentum:
             m = b.float() * momentum + g
             b.copy_(m)
             g = g + momentum * m if nesterov else m
-        p.add_(g, alpha=-float(lr))
+        store_param_ref(p, w - float(lr) * g, comp, rounding, seed, i)
 
 
 def adamw_step_ref(params, grads, exp_avgs, exp_avg_sqs, lrs, step: int, *, beta1: float, beta2: float,
                    eps: float, weight_decay: float, inv_scale: torch.Tensor | None = None,
-                   found_inf: torch.Tensor | None = None) -> None:
-    """torch.optim.AdamW's update (no amsgrad) with per-tensor lr; ``step`` counts this update (1-based)."""
+                   found_inf: torch.Tensor | None = None, rounding: str = "nearest", comps=None,
+                   seed: torch.Tensor | int = 0) -> None:
+    """torch.optim.AdamW's update (no amsgrad) with per-tensor lr; ``step`` counts this update (1-based).
+    bf16 weights as in ``sgd_step_ref``."""
     if found_inf is not None and float(found_inf) > 0:
         return
+    seed = int(seed)
     bc1 = 1 - beta1 ** step
     bc2s = math.sqrt(1 - beta2 ** step)
-    for p, g, m, v, lr in zip(params, grads, exp_avgs, exp_avg_sqs, lrs):
+    for i, (p, g, m, v, lr) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, lrs)):
+        comp = comps[i] if comps is not None else None
+        w = _master(p, comp, rounding) * (1 - float(lr) * weight_decay)
         g = g.float() * (float(inv_scale) if inv_scale is not None else 1.0)
-        p.mul_(1 - float(lr) * weight_decay)
         m32 = m.float().lerp(g, 1 - beta1)  # bf16 state: computed in fp32, stored rounded once
         v32 = (v.float() * beta2).addcmul_(g, g, value=1 - beta2)
         m.copy_(m32)
         v.copy_(v32)
-        p.addcdiv_(m32, (v32.sqrt() / bc2s).add_(eps), value=-float(lr) / bc1)
+        store_param_ref(p, w.addcdiv(m32, (v32.sqrt() / bc2s).add_(eps), value=-float(lr) / bc1), comp, rounding,
+                        seed, i)
 
 
 def gather_augment_ref(x: torch.Tensor, idx: torch.Tensor, draws, mean: torch.Tensor, inv_std: torch.Tensor,
