@@ -15,7 +15,6 @@ References: ``reference.sgd_step_ref`` / ``adamw_step_ref`` (and torch.optim its
 """
 from __future__ import annotations
 
-import math
 import os
 
 import torch

@@ -81,6 +81,74 @@ def test_half_bf16_runs_the_fp16_level_in_bf16_with_no_grad_scaler_and_says_so()
     assert t.precision.level(name) == "fp32"
 
 
+def test_bf16_master_weights_store_the_layers_in_bf16_and_an_fp32_level_computes_with_fp32_copies():
+    """triaccel.precision.master_weights: bf16. The layers' weights (not the norms') are stored in bf16,
+    the same parameter objects; their gradients are bf16. A layer set to FP32, or every layer under
+    force(fp32) (the curvature probes), computes in fp32 from fp32 copies and its gradient still reaches
+    the bf16 weight: the same gradient, to bf16 rounding, as the model with fp32 weights computes."""
+    said = []
+    t = Trainer(small_cfg(**{**TRI, "amp_dtype": "bf16", "triaccel.precision.master_weights": "bf16"}), callbacks=[],
+                log=said.append).setup()
+    ref = Trainer(small_cfg(**{**TRI, "amp_dtype": "bf16"}), callbacks=[], log=lambda *a: None).setup()
+    with torch.no_grad():
+        for p, q in zip(ref.model.parameters(), t.model.parameters()):
+            p.copy_(q.float())  # the same values: bf16-representable fp32
+    layer_ids = {id(p) for ps in t.precision.layer_params for p in ps}
+    dtypes = {id(p): p.dtype for p in t.model.parameters()}
+    assert layer_ids and all(dtypes[i] == torch.bfloat16 for i in layer_ids)
+    assert {d for i, d in dtypes.items() if i not in layer_ids} == {torch.float32}  # norms stay fp32
+    assert type(t.optimizer).__name__ == "FusedSGD" and t.optimizer.rounding == "stochastic"
+    assert any("master weights in bf16, updates rounded stochastic" in str(x) for x in said)
+    x = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    y = torch.tensor([0, 1, 2, 3])
+
+    def grads(tr, fp32_layer: str | None, force: bool):
+        tr.model.zero_grad(set_to_none=True)
+        for n in tr.precision.names:
+            tr.precision.set(n, "fp32" if n == fp32_layer else "bf16")
+        seen = {}
+        hooks = [m.register_forward_hook(lambda m, i, o, n=n: seen.__setitem__(n, o.dtype))
+                 for n, m in tr.precision.layers]
+        ctx = tr.precision.force(torch.float32) if force else tr.precision.region()
+        with ctx:
+            torch.nn.functional.cross_entropy(tr.model(x).float(), y).backward()
+        for h in hooks:
+            h.remove()
+        return [p.grad.float().clone() for p in tr.model.parameters()], seen, [p.grad.dtype for p in tr.model.parameters()]
+
+    first = t.precision.names[0]
+    for fp32_layer, force in ((first, False), (None, True)):
+        g, seen, gdt = grads(t, fp32_layer, force)
+        g_ref, _, _ = grads(ref, fp32_layer, force)
+        want = torch.float32 if force else None
+        assert seen[first] == torch.float32 and all(seen[n] == (want or torch.bfloat16) for n in t.precision.names[1:])
+        assert [d for p, d in zip(t.model.parameters(), gdt) if id(p) in layer_ids] == [torch.bfloat16] * len(layer_ids)
+        for a, b in zip(g, g_ref):
+            assert torch.allclose(a, b, rtol=2e-2, atol=2e-2 * float(b.abs().max())), (fp32_layer, force)
+    # every layer at FP32: the one region of a uniform forward would meet bf16 weights; it runs per layer
+    g, seen, _ = grads(t, None, False)
+    for n in t.precision.names:
+        t.precision.set(n, "fp32")
+    with t.precision.region():
+        out = t.model(x)
+    assert out.dtype == torch.float32
+
+
+@pytest.mark.parametrize("rounding", ["stochastic", "kahan", "nearest"])
+def test_bf16_master_weights_train_as_fp32_masters_do(rounding):
+    """Two epochs of the digits CNN with bf16 master weights learn as the fp32-master run does, each
+    rounding (the run's seeds and data equal), and the weights stay bf16 throughout."""
+    base = {**TRI, "amp_dtype": "bf16", "epochs": 3}
+    r32 = Trainer(small_cfg(**base), callbacks=[], log=lambda *a: None).setup().fit()
+    t = Trainer(small_cfg(**{**base, "triaccel.precision.master_weights": "bf16",
+                             "triaccel.precision.rounding": rounding}), callbacks=[], log=lambda *a: None).setup()
+    r16 = t.fit()
+    assert r32["val_acc"] > 30 and abs(r16["val_acc"] - r32["val_acc"]) < 8, (r16["val_acc"], r32["val_acc"])
+    assert all(p.dtype == torch.bfloat16 for ps in t.precision.layer_params for p in ps)
+    comps = [st for st in t.optimizer.state.values() if "kahan_comp" in st]
+    assert bool(comps) == (rounding == "kahan")
+
+
 @pytest.mark.slow
 def test_control_loop_acts_and_logs_every_window(tmp_path):
     t, loop = tri_trainer(**{"epochs": 3})
@@ -371,8 +439,9 @@ def test_controllers_off_dispatch_exactly_what_static_amp_dispatches():
 
 @pytest.mark.parametrize("over", [{"triaccel.curvature.method": "fisher", "triaccel.curvature.every": 7},
                                   {"triaccel.curvature.every": 7, "triaccel.curvature.probe": "batched"},
-                                  {"triaccel.curvature.method": "fisher", "triaccel.batch.policy": "score"}],
-                         ids=["fisher", "power-batched", "score-batch"])
+                                  {"triaccel.curvature.method": "fisher", "triaccel.batch.policy": "score"},
+                                  {"triaccel.curvature.method": "fisher", "triaccel.precision.master_weights": "bf16"}],
+                         ids=["fisher", "power-batched", "score-batch", "bf16-masters-stochastic"])
 def test_resume_mid_run_continues_exactly(tmp_path, over):
     """Killed after epoch 2 and resumed from its checkpoint, a run ends with the same weights as
     one never interrupted (#14 case 5): RNG streams, the probe's sign stream, mid-window

@@ -30,12 +30,14 @@ def make_optimizer(cfg: TrainConfig, groups: list[dict], device: torch.device) -
     oc, kern = cfg.optim, cfg.triaccel.kernels
     triaccel = cfg.mode == "triaccel"
     fused = triaccel and (kern == "triton" or (kern == "auto" and device.type == "cuda"))
-    bf16_state = triaccel and cfg.triaccel.precision.optimizer_state == "bf16"
-    if fused or bf16_state:  # bf16 state needs these optimizers: their reference loop off CUDA
+    pc = cfg.triaccel.precision
+    bf16_state = triaccel and pc.optimizer_state == "bf16"
+    bf16_master = triaccel and any(p.dtype == torch.bfloat16 for g in groups for p in g["params"])
+    if fused or bf16_state or bf16_master:  # bf16 state or weights need these optimizers: their reference loop off CUDA
         from triaccel.kernels.fused_optim import FusedAdamW, FusedSGD
 
         kw = dict(backend="triton" if fused else "torch",
-                  state_dtype=torch.bfloat16 if bf16_state else torch.float32)
+                  state_dtype=torch.bfloat16 if bf16_state else torch.float32, rounding=pc.rounding)
         if oc.name == "sgd":
             return FusedSGD(groups, lr=oc.lr, momentum=oc.momentum, nesterov=oc.nesterov,
                             weight_decay=oc.weight_decay, **kw)

@@ -9,7 +9,9 @@ The precision controller decides a dtype per layer; this module applies it. Each
   casts afresh, which per-layer regions do anyway since each region is outermost.
 - FP32: autocast off for the layer, input cast up to fp32.
 
-Parameters stay fp32 (master weights); only the layer's compute dtype changes. Everything
+Parameters stay fp32 (master weights) unless ``keep_bf16_masters`` stores the layers' weights in bf16
+(``triaccel.precision.master_weights``); then a layer at FP32 computes with an fp32 copy of them.
+Otherwise only the layer's compute dtype changes. Everything
 outside the layers (norms, activations, the loss) runs in the dtype of its input, outside
 any autocast region: torch's batch, layer, group and RMS norms take a 16-bit input with fp32
 weights (and under the one region of a uniform forward autocast runs them in fp32 anyway).
@@ -18,7 +20,7 @@ curvature probes need double backward in full precision).
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -129,6 +131,8 @@ class PrecisionRuntime:
                 else:
                     why = f"is not supported on {device}"
                 log(f"[precision] {req} {why}: layers assigned {req} run in {got}")
+        self.aliases = plan.aliases
+        self.bf16_masters = False  # keep_bf16_masters: the layers' weights are stored in bf16
         self._override: torch.dtype | None = None
         self._global: torch.dtype | None = None  # set while one region covers the whole forward
         self.uniform_fast_path = uniform_fast_path
@@ -151,12 +155,35 @@ class PrecisionRuntime:
                 # floating inputs up to fp32 (an embedding's token ids stay integers; an attention's
                 # key and value come up with its query)
                 up = lambda t: t.float() if torch.is_tensor(t) and t.is_floating_point() else t
-                with torch.autocast(rt.device_type, enabled=False):
+                with torch.autocast(rt.device_type, enabled=False), rt._fp32_weights(mod):
                     return inner(up(x), *map(up, args), **{k: up(v) for k, v in kwargs.items()})
             with torch.autocast(rt.device_type, dtype=dt, cache_enabled=False):
                 return inner(x, *args, **kwargs)
 
         mod.forward = forward
+
+    def keep_bf16_masters(self) -> int:
+        """Store every layer's own weights in bf16 (their gradients follow), in place: the parameters stay
+        the same objects, in the same memory format. Returns the bytes this frees."""
+        freed = 0
+        with torch.no_grad():
+            for ps in self.layer_params:
+                for p in ps:
+                    if p.dtype == torch.float32:
+                        freed += p.numel() * 2
+                        p.data = p.data.to(torch.bfloat16)
+        self.bf16_masters = True
+        return freed
+
+    def _fp32_weights(self, mod: nn.Module):
+        """While a layer with bf16 weights computes in FP32: its weights as fp32 copies, through which
+        the gradients reach the bf16 weights (torch.func's reparametrisation)."""
+        if not self.bf16_masters:
+            return nullcontext()
+        from torch.nn.utils.stateless import _reparametrize_module
+
+        up = {n: p.float() for n, p in mod.named_parameters(recurse=False) if p.dtype == torch.bfloat16}
+        return _reparametrize_module(mod, up) if up else nullcontext()
 
     def set(self, name: str, level: str) -> None:
         self._dtype[name] = DTYPES[self.fallback[level]]
@@ -182,7 +209,7 @@ class PrecisionRuntime:
     @contextmanager
     def region(self):
         u = self.uniform() if self.uniform_fast_path and self._override is None else None
-        if u is None:
+        if u is None or (u is torch.float32 and self.bf16_masters):  # FP32 over bf16 weights: per layer
             yield
             return
         self._global = u

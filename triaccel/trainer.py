@@ -182,6 +182,13 @@ class Trainer:
                                               uniform_fast_path=cfg.triaccel.uniform_fast_path,
                                               cpu_fp16=cfg.triaccel.precision.cpu_fp16,
                                               half=cfg.triaccel.precision.half)
+            if cfg.triaccel.precision.master_weights == "bf16":
+                if self.precision.fallback["bf16"] == "bf16":
+                    freed = self.precision.keep_bf16_masters()
+                    self.log(f"[precision] master weights in bf16, updates rounded "
+                             f"{cfg.triaccel.precision.rounding} ({freed / 2**20:.2f} MiB of weights freed)")
+                else:
+                    self.log(f"[precision] master_weights: bf16 is not supported on {self.device}: kept in fp32")
         if cfg.mode != "triaccel" and cfg.triaccel != TriAccelConfig():
             # an exported config switched to mode amp keeps its triaccel section: say it is not read
             # (its optimizer_state: bf16, say, would otherwise seem to apply to the static run)
