@@ -249,6 +249,19 @@ def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and all(sa == sb for n, sa, sb in zip(a.shape, a.stride(), b.stride()) if n > 1)
 
 
+@torch.no_grad()
+def set_master_dtype(p: torch.Tensor, dtype: torch.dtype, state: dict | None = None, rounding: str = "nearest") -> None:
+    """``_FusedBase.set_master_dtype``; ``state`` the weight's optimizer state, if any."""
+    if p.dtype == dtype:
+        return
+    comp = state.pop("kahan_comp", None) if state is not None else None
+    w = p.data.float() + (comp.float() if comp is not None else 0.0)
+    p.data = w.to(dtype)
+    if dtype == torch.bfloat16 and rounding == "kahan" and state is not None:
+        state["kahan_comp"] = (w - p.data.float()).to(torch.bfloat16)
+    p.grad = None
+
+
 class _Part:
     """The parameters of one master-weight dtype with gradients, as one launch reads them: their
     gradients, group ids, per-name state buffers and, for Kahan-rounded bf16 weights, the
@@ -294,6 +307,17 @@ class _FusedBase(torch.optim.Optimizer):
 
     def _use_triton(self, device) -> bool:
         return self.backend == "triton" or (self.backend == "auto" and triton_usable(device))
+
+    @torch.no_grad()
+    def set_master_dtype(self, p: torch.Tensor, dtype: torch.dtype) -> None:
+        """Store the weight ``p`` in ``dtype`` (fp32 or bf16) from now on, between steps. To fp32 a
+        Kahan-compensated weight takes its compensation back in; to bf16 it rounds to nearest and, under
+        Kahan, keeps the rounding error (in bf16) as its compensation: the pair holds about 16 of fp32's
+        24 significant bits. The gradient goes (the next backward makes one of the new dtype); the
+        state buffers stay."""
+        set_master_dtype(p, dtype, self.state.get(p) if p in self.state else None, self.rounding)
+        self._plan_key = None
+
 
     def _round(self, part: _Part) -> int:
         return ROUNDINGS[self.rounding] if part.bf16 else 0

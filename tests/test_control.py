@@ -98,7 +98,8 @@ def test_bf16_master_weights_store_the_layers_in_bf16_and_an_fp32_level_computes
     assert layer_ids and all(dtypes[i] == torch.bfloat16 for i in layer_ids)
     assert {d for i, d in dtypes.items() if i not in layer_ids} == {torch.float32}  # norms stay fp32
     assert type(t.optimizer).__name__ == "FusedSGD" and t.optimizer.rounding == "stochastic"
-    assert any("master weights in bf16, updates rounded stochastic" in str(x) for x in said)
+    assert any("master weights in bf16 where a layer computes in 16 bits, updates rounded stochastic" in str(x)
+               for x in said)
     x = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(0))
     y = torch.tensor([0, 1, 2, 3])
 
@@ -132,6 +133,50 @@ def test_bf16_master_weights_store_the_layers_in_bf16_and_an_fp32_level_computes
     with t.precision.region():
         out = t.model(x)
     assert out.dtype == torch.float32
+
+
+@pytest.mark.parametrize("rounding", ["kahan", "nearest"])
+def test_bf16_master_weights_follow_the_level_the_controller_decides(rounding):
+    """The storage follows the precision controller: a layer it puts at FP32 (Trainer.apply, the one
+    writer) gets fp32 master weights, back at 16 bits bf16 again; the optimizer steps on after each move.
+    Under Kahan the round trip keeps about 16 significant bits (the rounding error, itself in bf16, is the
+    compensation, taken back in); rounded to nearest it keeps bf16's 8. A checkpoint loads each weight
+    in the dtype saved."""
+    from triaccel.hooks import Decisions
+
+    t = Trainer(small_cfg(**{**TRI, "amp_dtype": "bf16", "triaccel.precision.master_weights": "bf16",
+                             "triaccel.precision.rounding": rounding}), callbacks=[], log=lambda *a: None).setup()
+    name, (w, *_) = t.precision.names[0], t.precision.layer_params[0]
+    x, y = torch.randn(8, 1, 8, 8), torch.arange(8) % 10
+
+    def step():
+        t.optimizer.zero_grad(set_to_none=True)
+        with t.precision.region():
+            torch.nn.functional.cross_entropy(t.model(x).float(), y).backward()
+        t.optimizer.step()
+
+    step()
+    assert w.dtype == torch.bfloat16
+    t.apply(Decisions(levels={name: "fp32"}))
+    assert w.dtype == torch.float32 and w.grad is None
+    step()  # the fp32 master takes a small update exactly
+    exact = w.detach().clone()
+    assert not torch.equal(exact, exact.to(torch.bfloat16).float())  # more than bf16 holds
+    sd = t.state_dict()  # a checkpoint taken at FP32
+    t.apply(Decisions(levels={name: "bf16"}))
+    assert w.dtype == torch.bfloat16
+    assert ("kahan_comp" in t.optimizer.state[w]) == (rounding == "kahan")
+    t.apply(Decisions(levels={name: "fp32"}))
+    assert w.dtype == torch.float32 and "kahan_comp" not in t.optimizer.state[w]
+    rel = float(((w.detach() - exact).abs() / exact.abs().clamp_min(1e-3)).max())
+    assert rel <= (2 ** -15 if rounding == "kahan" else 2 ** -8) and rel > 0, rel
+    step()
+    fresh = Trainer(small_cfg(**{**TRI, "amp_dtype": "bf16", "triaccel.precision.master_weights": "bf16",
+                                 "triaccel.precision.rounding": rounding}), callbacks=[], log=lambda *a: None).setup()
+    fresh.load_state_dict(sd)  # loads the weight in fp32 into a run that starts with bf16 weights
+    w2 = fresh.precision.layer_params[0][0]
+    assert w2.dtype == torch.float32 and torch.equal(w2.detach(), exact)
+    assert fresh.precision.level(name) == "fp32"
 
 
 @pytest.mark.parametrize("rounding", ["stochastic", "kahan", "nearest"])

@@ -36,6 +36,12 @@ def load_trainer_state(tr: "Trainer", s: dict) -> None:
         raise TriAccelError(f"checkpoint: its optimizer is {kind}, this run's is {type(tr.optimizer).__name__} "
                             f"(mode or triaccel.precision.optimizer_state differ): resume with the settings it "
                             f"was saved with")
+    if tr.precision is not None and tr.precision.bf16_masters:  # weights stored as saved: loaded without rounding
+        params = dict(tr.model.named_parameters())
+        for k, v in s["model"].items():
+            if k in params and torch.is_tensor(v) and params[k].dtype != v.dtype:
+                with torch.no_grad():
+                    params[k].data = params[k].data.to(v.dtype)
     tr.model.load_state_dict(s["model"])
     tr.optimizer.load_state_dict(s["optimizer"])
     tr.scaler.load_state_dict(s["scaler"])

@@ -9,9 +9,10 @@ The precision controller decides a dtype per layer; this module applies it. Each
   casts afresh, which per-layer regions do anyway since each region is outermost.
 - FP32: autocast off for the layer, input cast up to fp32.
 
-Parameters stay fp32 (master weights) unless ``keep_bf16_masters`` stores the layers' weights in bf16
-(``triaccel.precision.master_weights``); then a layer at FP32 computes with an fp32 copy of them.
-Otherwise only the layer's compute dtype changes. Everything
+Parameters stay fp32 (master weights), and only the layer's compute dtype changes, unless
+``keep_bf16_masters`` (``triaccel.precision.master_weights: bf16``): then each layer's weights are
+stored as its level computes (bf16 at FP16/BF16, fp32 at FP32), and under ``force(torch.float32)`` a
+layer with bf16 weights computes with fp32 copies of them. Everything
 outside the layers (norms, activations, the loss) runs in the dtype of its input, outside
 any autocast region: torch's batch, layer, group and RMS norms take a 16-bit input with fp32
 weights (and under the one region of a uniform forward autocast runs them in fp32 anyway).
@@ -162,18 +163,22 @@ class PrecisionRuntime:
 
         mod.forward = forward
 
-    def keep_bf16_masters(self) -> int:
-        """Store every layer's own weights in bf16 (their gradients follow), in place: the parameters stay
-        the same objects, in the same memory format. Returns the bytes this frees."""
-        freed = 0
-        with torch.no_grad():
-            for ps in self.layer_params:
-                for p in ps:
-                    if p.dtype == torch.float32:
-                        freed += p.numel() * 2
-                        p.data = p.data.to(torch.bfloat16)
+    def keep_bf16_masters(self) -> None:
+        """From now on each layer's own weights are stored as its level computes: bf16 at FP16 or BF16,
+        fp32 at FP32 (``master_changes``; the trainer converts them, between steps)."""
         self.bf16_masters = True
-        return freed
+
+    def master_changes(self) -> list[tuple[nn.Parameter, torch.dtype]]:
+        """(weight, dtype) for each layer weight whose storage differs from its layer's level: the
+        storage follows the precision controller's decision, so a layer it keeps at FP32 (high
+        gradient variance, or promoted on curvature) keeps fp32 master weights and the rest bf16."""
+        if not self.bf16_masters:
+            return []
+        out = []
+        for name, ps in zip(self.names, self.layer_params):
+            want = torch.float32 if self._dtype[name] is torch.float32 else torch.bfloat16
+            out += [(p, want) for p in ps if p.dtype != want]
+        return out
 
     def _fp32_weights(self, mod: nn.Module):
         """While a layer with bf16 weights computes in FP32: its weights as fp32 copies, through which
@@ -209,7 +214,8 @@ class PrecisionRuntime:
     @contextmanager
     def region(self):
         u = self.uniform() if self.uniform_fast_path and self._override is None else None
-        if u is None or (u is torch.float32 and self.bf16_masters):  # FP32 over bf16 weights: per layer
+        if u is None or (u is torch.float32 and self.bf16_masters and any(
+                p.dtype == torch.bfloat16 for ps in self.layer_params for p in ps)):  # FP32 over bf16 weights: per layer
             yield
             return
         self._global = u

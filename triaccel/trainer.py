@@ -184,9 +184,10 @@ class Trainer:
                                               half=cfg.triaccel.precision.half)
             if cfg.triaccel.precision.master_weights == "bf16":
                 if self.precision.fallback["bf16"] == "bf16":
-                    freed = self.precision.keep_bf16_masters()
-                    self.log(f"[precision] master weights in bf16, updates rounded "
-                             f"{cfg.triaccel.precision.rounding} ({freed / 2**20:.2f} MiB of weights freed)")
+                    self.precision.keep_bf16_masters()
+                    freed = self._follow_levels()
+                    self.log(f"[precision] master weights in bf16 where a layer computes in 16 bits, updates "
+                             f"rounded {cfg.triaccel.precision.rounding} ({freed / 2**20:.2f} MiB of weights freed)")
                 else:
                     self.log(f"[precision] master_weights: bf16 is not supported on {self.device}: kept in fp32")
         if cfg.mode != "triaccel" and cfg.triaccel != TriAccelConfig():
@@ -263,11 +264,28 @@ class Trainer:
         if d.levels and self.precision is not None:
             for name, lvl in d.levels.items():
                 self.precision.set(name, lvl)
+            if self._follow_levels() and self.graphs is not None:
+                self.graphs.reset()  # the graphs read the weights' old storage
         if d.cudnn_benchmark is not None and self.device.type == "cuda":
             torch.backends.cudnn.benchmark = d.cudnn_benchmark
         if self.graphs is not None and (self.batch_size, self.micro_batch,
                                         torch.backends.cudnn.benchmark) != shapes_before:
             self.graphs.reset()  # new shapes (or algorithms): the old graphs' pool would only add to the peak
+
+    def _follow_levels(self) -> int:
+        """With bf16 master weights: each layer's weights converted to the storage its level takes
+        (``PrecisionRuntime.master_changes``). Returns the bytes freed (negative: taken)."""
+        from triaccel.kernels.fused_optim import set_master_dtype
+
+        freed = 0
+        opt = getattr(self, "optimizer", None)
+        for p, dt in self.precision.master_changes():
+            freed += p.numel() * (p.element_size() - torch.empty((), dtype=dt).element_size())
+            if hasattr(opt, "set_master_dtype"):
+                opt.set_master_dtype(p, dt)
+            else:  # at set-up, before the optimizer exists
+                set_master_dtype(p, dt)
+        return freed
 
     def _may_use_fp16(self) -> bool:
         if self.cfg.mode == "amp":
