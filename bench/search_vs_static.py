@@ -284,6 +284,7 @@ def main():
     tuned = yaml.safe_load(Path(args.tuned).read_text())
     res["provenance"] = tuned.get("provenance")
     tuned["epochs"] = args.epochs
+    tuned.setdefault("data", {})["data_dir"] = args.data_dir  # the data every static run reads
     variants = variants_of(tuned, args.variant)
     res["variants"] = args.variant
     plan = plan_runs(args, tuned, variants, static_runs(space, args.epochs))
