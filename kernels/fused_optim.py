@@ -66,7 +66,8 @@ ROUNDINGS = {"nearest": 0, "stochastic": 1, "kahan": 2}  # how an update is stor
 @triton.jit
 def _mix32(x):
     """A 32-bit integer hash (lowbias32): the random bits of stochastic rounding, a pure function of
-    (seed, tensor, element), so the kernel and its reference (``reference.mix32_ref``) draw the same."""
+    (seed, tensor, element offset), so the kernel and its reference (``reference.mix32_ref``) draw the
+    same. Its multiplications wrap by design: Triton's debug mode (TRITON_DEBUG) flags them as overflows."""
     x = x ^ (x >> 16)
     x = x * 0x7FEB352D
     x = x ^ (x >> 15)

@@ -68,14 +68,17 @@ def bf16_stochastic_ref(x: torch.Tensor, seed: int, seg: int) -> torch.Tensor:
     """``fused_optim._bf16_sr``: fp32 ``x`` (tensor ``seg`` of its launch, step ``seed``) rounded to
     bf16 stochastically, with the kernel's random bits; NaN stays NaN."""
     key = mix32_ref(torch.tensor(seed & _M32) ^ mix32_ref(torch.tensor((seg + 1) & _M32)))
-    flat = x.detach().float().reshape(-1)
+    xf = x.detach().float()  # a dense tensor keeps its strides (channels_last included)
+    flat = xf.as_strided((xf.numel(),), (1,))  # in memory order: the kernel's element index is the offset
     r = mix32_ref(torch.arange(flat.numel(), dtype=torch.int64, device=flat.device) ^ key.to(flat.device))
-    bits = flat.view(torch.int32).to(torch.int64) & _M32
+    bits = flat.contiguous().view(torch.int32).to(torch.int64) & _M32
     nan = (bits & 0x7FFFFFFF) > 0x7F800000
     bits = torch.where(nan, bits | 0x00400000, (bits + (r & 0xFFFF)) & _M32)
     hi = bits >> 16
     hi = torch.where(hi >= 0x8000, hi - 0x10000, hi)
-    return hi.to(torch.int16).view(torch.bfloat16).reshape(x.shape)
+    out = torch.empty_like(xf, dtype=torch.bfloat16)
+    out.as_strided((out.numel(),), (1,)).copy_(hi.to(torch.int16).view(torch.bfloat16))
+    return out
 
 
 def store_param_ref(p: torch.Tensor, new: torch.Tensor, comp: torch.Tensor | None, rounding: str, seed: int,

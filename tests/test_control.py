@@ -157,8 +157,15 @@ def test_bf16_master_weights_follow_the_level_the_controller_decides(rounding):
 
     step()
     assert w.dtype == torch.bfloat16
+    v = t.weights_version
     t.apply(Decisions(levels={name: "fp32"}))
     assert w.dtype == torch.float32 and w.grad is None
+    assert t.weights_version == v + 1  # what captured the old storage (graphs, the probe's) drops it
+    other = t.precision.names[1]  # one layer up, another down, in one decision: still a move
+    t.apply(Decisions(levels={name: "bf16", other: "fp32"}))
+    assert t.weights_version == v + 2 and w.dtype == torch.bfloat16
+    t.apply(Decisions(levels={name: "fp32", other: "bf16"}))
+    assert w.dtype == torch.float32
     step()  # the fp32 master takes a small update exactly
     exact = w.detach().clone()
     assert not torch.equal(exact, exact.to(torch.bfloat16).float())  # more than bf16 holds

@@ -410,17 +410,19 @@ def test_bf16_state_rounds_every_float_as_torch_does_and_keeps_nans(device):
 
 
 def _bf16_master_pair(kind, device, rounding, **kw):
-    """Three weights kept in bf16 and one in fp32 (two launches a step), under the Triton kernel and
+    """Four weights kept in bf16 and one in fp32 (two launches a step), under the Triton kernel and
     under its reference, from the same values."""
     g = torch.Generator().manual_seed(4)
-    shapes = [(37,), (5, 3), (3 * 1024 + 7,), (8, 3, 3, 3)]
+    # bf16: a short one, a 2-d one, a channels_last conv weight, one of three blocks; fp32: one
+    shapes = [(37,), (5, 3), (3 * 1024 + 7,), (8, 3, 3, 3), (5000,)]
     made = []
     for _ in range(2):
         ps = [torch.randn(*s, generator=torch.Generator().manual_seed(i)).to(device) for i, s in enumerate(shapes)]
         ps = [p.to(torch.bfloat16) if i != 2 else p for i, p in enumerate(ps)]
+        ps[3] = ps[3].to(memory_format=torch.channels_last)
         made.append([p.requires_grad_() for p in ps])
     cls = FusedSGD if kind == "sgd" else FusedAdamW
-    lrs = [0.1, 0.05, 0.2, 0.01]
+    lrs = [0.1, 0.05, 0.2, 0.01, 0.1]
     opts = [cls([{"params": [p], "lr": lr} for p, lr in zip(ps, lrs)], lr=0.1, backend=b, rounding=rounding, **kw)
             for ps, b in zip(made, ("triton", "torch"))]
     return made, opts, g
@@ -438,27 +440,30 @@ def test_bf16_master_weights_kernel_matches_its_reference_bit_for_bit(device, ro
     (p1, p2), (o1, o2), g = _bf16_master_pair(kind, device, rounding, **kw)
     before = [p.detach().clone() for p in p1]
     _run_scaled([(p1, o1), (p2, o2)], device, steps=5)
-    equal = []
+    equal, near = [], []
     for a, b, a0 in zip(p1, p2, before):
-        assert a.dtype == b.dtype and a.grad.dtype == a.dtype
+        assert a.dtype == b.dtype and a.grad.dtype == a.dtype and a.stride() == b.stride()
         assert not torch.equal(a, a0)  # the weights moved
         if a.dtype == torch.float32:
             assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
             continue
-        step = a.detach().float().abs().clamp_min(2 ** -20) * 2 ** -7  # a bf16 step at each value
-        assert bool(((a.float() - b.float()).abs() <= step).all()), rounding
+        step = torch.maximum(a.detach().float().abs(), b.detach().float().abs()).clamp_min(2 ** -20) * 2 ** -7
+        near.append(((a.float() - b.float()).abs() <= step).reshape(-1))  # within a bf16 step
         equal.append((a == b).reshape(-1))
+        assert int((a != b).sum()) <= max(2, 0.02 * a.numel()), (rounding, tuple(a.shape), int((a != b).sum()))
     # the kernel divides by the loss scale where the reference multiplies by its inverse: an fp32
-    # value one ulp apart can round to the neighbouring bf16 value, rarely; the same draws keep
-    # every other element equal (other draws would part about half of them)
+    # value one ulp apart can round to the neighbouring bf16 value, rarely (AdamW's normalised step
+    # can carry that further); the same draws keep every other element equal, the channels_last
+    # weight's included (draws by another element order would part about half of them)
     assert float(torch.cat(equal).float().mean()) >= 0.98, rounding
+    assert float(torch.cat(near).float().mean()) >= 0.999, rounding
     seeds = [o.state[o.param_groups[0]["params"][0]].get("sr_seed") for o in (o1, o2)]
     if rounding == "stochastic":
         assert int(seeds[0]) == int(seeds[1]) == 5  # one draw a step, skipped steps included
     else:
         assert seeds == [None, None]
     comps = [st.get("kahan_comp") for st in o1.state.values()]
-    assert sum(c is not None for c in comps) == (3 if rounding == "kahan" else 0)
+    assert sum(c is not None for c in comps) == (4 if rounding == "kahan" else 0)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -484,27 +489,30 @@ def test_bf16_master_weights_keep_small_updates_only_when_rounded_stochastically
     assert float((finals["kahan"] - fp32).abs().max()) <= 2 ** -8
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["sgd", "adamw"])
-def test_bf16_master_weights_resume_bit_for_bit(kind):
+def test_bf16_master_weights_resume_bit_for_bit(device, kind):
     """A checkpoint of bf16 weights: torch.optim's load_state_dict casts floating state to the
     parameter's dtype; the fused optimizer puts AdamW's step count back in fp32 (in bf16 it stops
     counting at 256), and the stochastic rounding's counter is restored, so the resumed run draws
     and steps as the uninterrupted one."""
+    if not _device_ok(device):
+        pytest.skip()
     kw = dict(momentum=0.9) if kind == "sgd" else {}
-    (p1, p2), (o1, _), g = _bf16_master_pair(kind, "cpu", "stochastic", **kw)
-    _run_scaled([(p1, o1)], "cpu", steps=3, inf_at=-1)
+    (p1, p2), (o1, _), g = _bf16_master_pair(kind, device, "stochastic", **kw)
+    _run_scaled([(p1, o1)], device, steps=3, inf_at=-1)
     saved_w, saved_o = [p.detach().clone() for p in p1], copy.deepcopy(o1.state_dict())
-    _run_scaled([(p1, o1)], "cpu", steps=3, inf_at=-1, seed=9)
+    _run_scaled([(p1, o1)], device, steps=3, inf_at=-1, seed=9)
     with torch.no_grad():
         for p, w in zip(p2, saved_w):
             p.copy_(w)
     cls = FusedSGD if kind == "sgd" else FusedAdamW
-    o3 = cls([{"params": [p], "lr": lr} for p, lr in zip(p2, [0.1, 0.05, 0.2, 0.01])], lr=0.1, backend="triton",
-             rounding="stochastic", **kw)
+    o3 = cls([{"params": [p], "lr": lr} for p, lr in zip(p2, [0.1, 0.05, 0.2, 0.01, 0.1])], lr=0.1,
+             backend="triton", rounding="stochastic", **kw)
     o3.load_state_dict(saved_o)
     if kind == "adamw":
         assert all(st["fused_step"].dtype == torch.float32 for st in o3.state.values() if "fused_step" in st)
-    _run_scaled([(p2, o3)], "cpu", steps=3, inf_at=-1, seed=9)
+    _run_scaled([(p2, o3)], device, steps=3, inf_at=-1, seed=9)
     for a, b in zip(p1, p2):
         assert torch.equal(a, b)
 

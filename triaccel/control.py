@@ -94,6 +94,7 @@ class TriAccelLoop(Callback):
             if c.precision.enabled else None
         self.curv = CurvatureController(c.curvature, self.L) if c.curvature.enabled else None
         self.probe = None
+        self.probe_weights = 0  # the trainer's weights_version the probe's graph was captured on
         if self.curv is not None and c.curvature.method == "power":
             probe_mode = c.curvature.probe
             if probe_mode == "auto":
@@ -270,6 +271,9 @@ class TriAccelLoop(Callback):
             n = len(tr.train_data)
             idx = torch.randperm(n, generator=self.probe_gen)[:self.probe_bs]  # never the sampler's examples
             x, y = tr.train_data.batch(idx, train=False)
+            if getattr(tr, "weights_version", 0) != self.probe_weights:  # weights stored anew: a graph of
+                self.probe.drop_graph()  # the probe captured on the old storage would read freed memory
+                self.probe_weights = getattr(tr, "weights_version", 0)
             if self.probe_batch is None or self.probe_batch[0].shape != x.shape:
                 self.probe_batch = (x.clone(), y.clone())
                 self.probe.drop_graph()  # captured on other tensors

@@ -105,6 +105,7 @@ class Trainer:
         self.oom_probe = oom_probe
         self.stop = False  # a callback (ASHA through Tune, say) may ask the loop to end
         self.loop = None  # the Tri-Accel control loop, when build_trainer wired one
+        self.weights_version = 0  # weight storage conversions so far (bf16 master weights; _follow_levels)
 
     # ================================================================== setup
     def setup(self) -> "Trainer":
@@ -264,7 +265,9 @@ class Trainer:
         if d.levels and self.precision is not None:
             for name, lvl in d.levels.items():
                 self.precision.set(name, lvl)
-            if self._follow_levels() and self.graphs is not None:
+            moved = self.weights_version
+            self._follow_levels()
+            if self.weights_version != moved and self.graphs is not None:
                 self.graphs.reset()  # the graphs read the weights' old storage
         if d.cudnn_benchmark is not None and self.device.type == "cuda":
             torch.backends.cudnn.benchmark = d.cudnn_benchmark
@@ -274,12 +277,16 @@ class Trainer:
 
     def _follow_levels(self) -> int:
         """With bf16 master weights: each layer's weights converted to the storage its level takes
-        (``PrecisionRuntime.master_changes``). Returns the bytes freed (negative: taken)."""
+        (``PrecisionRuntime.master_changes``); ``weights_version`` counts the conversions, so what
+        captured the old storage (the step's graphs, the curvature probe's) knows to drop it. Returns
+        the bytes freed (negative: taken)."""
         from triaccel.kernels.fused_optim import set_master_dtype
 
         freed = 0
         opt = getattr(self, "optimizer", None)
-        for p, dt in self.precision.master_changes():
+        changes = self.precision.master_changes()
+        self.weights_version += 1 if changes else 0
+        for p, dt in changes:
             freed += p.numel() * (p.element_size() - torch.empty((), dtype=dt).element_size())
             if hasattr(opt, "set_master_dtype"):
                 opt.set_master_dtype(p, dt)
