@@ -159,7 +159,7 @@ def _sgd_kernel(table_ptr, lr_ptr, lr_mult, scale_ptr, found_inf_ptr, seed_ptr, 
             g = g + momentum * m
         else:
             g = m
-    seed = tl.load(seed_ptr)  # the stochastic rounding's draw (a device counter: capture replays advance it)
+    seed = tl.load(seed_ptr)  # the stochastic rounding's step counter (unused unless ROUND == 1)
     _store_param(p_ptr, c_ptr, offs, mask, p - lr * g, seed, seg, PARAM_BF16, ROUND, HW_BF16)
 
 
@@ -215,7 +215,7 @@ def _adamw_kernel(table_ptr, lr_ptr, lr_mult, scale_ptr, found_inf_ptr, step_ptr
     else:
         tl.store(m_ptr + offs, m, mask=mask)
         tl.store(v_ptr + offs, v, mask=mask)
-    seed = tl.load(seed_ptr)  # the stochastic rounding's draw (a device counter: capture replays advance it)
+    seed = tl.load(seed_ptr)  # the stochastic rounding's step counter (unused unless ROUND == 1)
     _store_param(p_ptr, c_ptr, offs, mask, p, seed, seg, PARAM_BF16, ROUND, HW_BF16)
 
 
@@ -299,7 +299,6 @@ class _FusedBase(torch.optim.Optimizer):
         # ``rounding`` says (``_store_param``).
         self.rounding = rounding
         self._dummy: torch.Tensor | None = None
-        self._seed_t: torch.Tensor | None = None
         self._lr_cache: list | None = None
         self._lr_dev: torch.Tensor | None = None
         self._plan_key: tuple | None = None
@@ -319,13 +318,12 @@ class _FusedBase(torch.optim.Optimizer):
         set_master_dtype(p, dtype, self.state.get(p) if p in self.state else None, self.rounding)
         self._plan_key = None
 
-
     def _round(self, part: _Part) -> int:
         return ROUNDINGS[self.rounding] if part.bf16 else 0
 
     def _seed(self, device) -> torch.Tensor:
-        """The stochastic rounding's step counter, on the device (a captured step advances it on
-        replay); in the state of the first parameter, so a resumed run draws as the uninterrupted one."""
+        """The stochastic rounding's step counter, on the device (the step never reads it back); in the
+        state of the first parameter, so a resumed run draws as the uninterrupted one."""
         st = self.state[self.param_groups[0]["params"][0]]
         if "sr_seed" not in st or st["sr_seed"].device != device:
             st["sr_seed"] = torch.zeros(1, dtype=torch.int64, device=device)

@@ -235,12 +235,13 @@ class PrecisionConfig:
     # fp32. Half the state's memory (ResNet-18: 21 of 43 MiB), which the efficiency score's peak
     # memory sees. fp32 (default) is torch.optim's arithmetic.
     optimizer_state: Literal["fp32", "bf16"] = "fp32"
-    # The layers' master weights (and so their gradients) in bf16: half their memory twice over, and
-    # no per-forward cast of a weight to bf16. Norms and parameters of no layer stay fp32. The fused
+    # The layers' master weights (and so their gradients) in bf16 while the precision controller has a
+    # layer compute in 16 bits, fp32 while it is at FP32: half their memory twice over, and no
+    # per-forward cast of a weight to bf16. Norms and parameters of no layer stay fp32. The fused
     # kernels compute each update in fp32 and store it as ``rounding`` says: stochastic (exact in
     # expectation), kahan (nearest, the rounding error kept in a bf16 buffer per weight and added back:
     # the weights' memory of fp32 again, the gradients' saving kept), nearest (an update below half a
-    # bf16 step is lost). A layer at the fp32 level computes with an fp32 copy of its weights.
+    # bf16 step is lost).
     master_weights: Literal["fp32", "bf16"] = "fp32"
     rounding: Literal["stochastic", "kahan", "nearest"] = "stochastic"
 

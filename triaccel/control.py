@@ -271,9 +271,9 @@ class TriAccelLoop(Callback):
             n = len(tr.train_data)
             idx = torch.randperm(n, generator=self.probe_gen)[:self.probe_bs]  # never the sampler's examples
             x, y = tr.train_data.batch(idx, train=False)
-            if getattr(tr, "weights_version", 0) != self.probe_weights:  # weights stored anew: a graph of
-                self.probe.drop_graph()  # the probe captured on the old storage would read freed memory
-                self.probe_weights = getattr(tr, "weights_version", 0)
+            if tr.weights_version != self.probe_weights:  # weights stored anew: a graph of the probe
+                self.probe.drop_graph()  # captured on the old storage would read freed memory
+                self.probe_weights = tr.weights_version
             if self.probe_batch is None or self.probe_batch[0].shape != x.shape:
                 self.probe_batch = (x.clone(), y.clone())
                 self.probe.drop_graph()  # captured on other tensors

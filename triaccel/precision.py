@@ -132,7 +132,6 @@ class PrecisionRuntime:
                 else:
                     why = f"is not supported on {device}"
                 log(f"[precision] {req} {why}: layers assigned {req} run in {got}")
-        self.aliases = plan.aliases
         self.bf16_masters = False  # keep_bf16_masters: the layers' weights are stored in bf16
         self._override: torch.dtype | None = None
         self._global: torch.dtype | None = None  # set while one region covers the whole forward

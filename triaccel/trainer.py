@@ -287,7 +287,7 @@ class Trainer:
         changes = self.precision.master_changes()
         self.weights_version += 1 if changes else 0
         for p, dt in changes:
-            freed += p.numel() * (p.element_size() - torch.empty((), dtype=dt).element_size())
+            freed += p.numel() * (p.element_size() - dt.itemsize)
             if hasattr(opt, "set_master_dtype"):
                 opt.set_master_dtype(p, dt)
             else:  # at set-up, before the optimizer exists
