@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from conftest import small_cfg
+from conftest import DEVICES, small_cfg
 from triaccel.control import TriAccelLoop
 from triaccel.precision import PrecisionRuntime
 from triaccel.models import SmallCNN
@@ -199,6 +199,21 @@ def test_bf16_master_weights_train_as_fp32_masters_do(rounding):
     assert all(p.dtype == torch.bfloat16 for ps in t.precision.layer_params for p in ps)
     comps = [st for st in t.optimizer.state.values() if "kahan_comp" in st]
     assert bool(comps) == (rounding == "kahan")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_master_weights_beside_fp16_layers_train_through_the_grad_scaler(device):
+    """fp16 layers with bf16 master weights: the GradScaler runs and the layers' gradients are bf16
+    (torch's own unscale has no bf16 CUDA kernel: triaccel.optim.GradScaler). cpu_fp16 keeps real
+    fp16 here, so this path runs in CI as on a GPU."""
+    base = {**TRI, "device": device, "amp_dtype": "fp16", "epochs": 2, "triaccel.precision.cpu_fp16": "true"}
+    t = Trainer(small_cfg(**{**base, "triaccel.precision.master_weights": "bf16"}), callbacks=[],
+                log=lambda *a: None).setup()
+    assert t.scaler_active()
+    r = t.fit()
+    assert all(p.dtype == torch.bfloat16 and p.grad.dtype == torch.bfloat16
+               for ps in t.precision.layer_params for p in ps)
+    assert r["val_acc"] > 30 and t.skipped_steps < t.step_count // 4, (r["val_acc"], t.skipped_steps)
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ from conftest import DEVICES
 from triaccel.kernels import grad_stats_ref
 from triaccel.kernels.fused_optim import FusedAdamW, FusedSGD
 from triaccel.kernels.stats import grad_stats_triton
+from triaccel.optim import GradScaler
 
 # relative tolerance of the sums per input dtype (inputs are exact in their dtype; fp32 accumulation
 # order differs between one sum and many block partials)
@@ -309,8 +310,9 @@ def _bf16_pair(kind, device, backend, **kw):
 
 
 def _run_scaled(pairs, device, steps, seed=2, inf_at=3):
+    # triaccel's GradScaler, as the trainer's: torch's has no bf16-gradient unscale on CUDA
     g = torch.Generator().manual_seed(seed)
-    scalers = [torch.amp.GradScaler(device, init_scale=1024.0, growth_interval=2) for _ in pairs]
+    scalers = [GradScaler(device, init_scale=1024.0, growth_interval=2) for _ in pairs]
     for step in range(steps):
         grads = [torch.randn(p.shape, generator=g).to(device) for p in pairs[0][0]]
         if step == inf_at:

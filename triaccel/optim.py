@@ -1,6 +1,10 @@
 """The optimizer a run trains with: its parameter groups (one per layer in triaccel mode, for the
-per-layer lr) and the optimizer over them (fused one-launch kernels in triaccel mode on CUDA)."""
+per-layer lr), the optimizer over them (fused one-launch kernels in triaccel mode on CUDA) and
+the GradScaler that unscales their gradients."""
 from __future__ import annotations
+
+from collections import defaultdict
+from types import SimpleNamespace
 
 import torch
 import torch.nn as nn
@@ -49,3 +53,40 @@ def make_optimizer(cfg: TrainConfig, groups: list[dict], device: torch.device) -
         return torch.optim.SGD(groups, lr=oc.lr, momentum=oc.momentum, nesterov=oc.nesterov,
                                weight_decay=oc.weight_decay, fused=fused)
     return torch.optim.AdamW(groups, lr=oc.lr, betas=oc.betas, weight_decay=oc.weight_decay, fused=fused)
+
+
+class GradScaler(torch.amp.GradScaler):
+    """``torch.amp.GradScaler`` that also unscales bf16 gradients on CUDA.
+
+    Under ``master_weights: bf16`` a layer stored in bf16 has a bf16 gradient while fp16 layers
+    still need the scaler, and torch's fused check-and-unscale has no bf16 CUDA kernel (torch 2.11:
+    NotImplementedError). bf16 gradients are therefore checked here by their inf-norm (NaN
+    propagates through it) and unscaled with one foreach multiply, in fp32 arithmetic rounded to
+    bf16 as torch's CPU kernel does, on every device so that CI runs this path. Every other gradient
+    goes through torch's own path; the skip, the scale update and the fused optimizers' found_inf
+    are torch's unchanged."""
+
+    def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
+        bf16, rest = [], []
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                g = p.grad
+                ours = g is not None and g.dtype == torch.bfloat16 and not g.is_sparse
+                (bf16 if ours else rest).append(p)
+        if not bf16:
+            return super()._unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16)
+        # torch's loop reads only optimizer.param_groups: hand it the other parameters
+        per_device = super()._unscale_grads_(SimpleNamespace(param_groups=[{"params": rest}]),
+                                             inv_scale, found_inf, allow_fp16)
+        grads_by_device = defaultdict(list)
+        for p in bf16:
+            grads_by_device[p.grad.device].append(p.grad)
+        with torch.no_grad():
+            for device, grads in grads_by_device.items():
+                found = per_device.get(device)
+                if found is None:
+                    found = per_device[device] = found_inf.to(device, non_blocking=True, copy=True)
+                nonfinite = torch.stack(torch._foreach_norm(grads, float("inf"))).isfinite().logical_not().any()
+                found.copy_(torch.maximum(found, nonfinite.to(found.dtype)))  # 1.0 once any is inf/NaN
+                torch._foreach_mul_(grads, inv_scale.to(device, non_blocking=True))
+        return per_device

@@ -50,7 +50,7 @@ from triaccel.userdef import TensorData, load_user_splits
 from triaccel.measure import MemoryMeter, free_device, sync
 from triaccel.metrics import efficiency_score, run_peak, steady_epoch_time
 from triaccel.models import build_model, enable_checkpointing
-from triaccel.optim import make_optimizer, param_groups
+from triaccel.optim import GradScaler, make_optimizer, param_groups
 from triaccel.precision import DTYPES, PrecisionRuntime
 from triaccel.progress import bar as progress_bar
 from triaccel.schedule import WarmupCosine
@@ -207,7 +207,7 @@ class Trainer:
         self.batch_lr_factor = 1.0  # memory-elastic batch (paper mode) lr rule
         n_train = len(self.train_data)
         self.schedule = WarmupCosine(cfg.epochs * n_train, int(cfg.warmup_epochs() * n_train))
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self._may_use_fp16())
+        self.scaler = GradScaler(self.device.type, enabled=self._may_use_fp16())
 
     def _setup_knobs(self, held_before: int, data_bytes: int) -> None:
         """The knobs the control loop turns, the memory meter, and the captured or compiled step."""
