@@ -65,7 +65,7 @@ if [ -n "${GPU_WORKERS:-}" ]; then
 fi
 # the search modules end to end (cluster, params, signals, state, export, tuner): real Ray each
 SEARCH_MODULES=$(echo tests/test_search_*.py)
-CUDA_FILES="tests/test_capture.py tests/test_compiled.py tests/test_curvature.py tests/test_data.py tests/test_kernels.py tests/test_trainer.py tests/test_control.py"
+CUDA_FILES="tests/test_capture.py tests/test_compiled.py tests/test_curvature.py tests/test_data.py tests/test_kernels.py tests/test_trainer.py tests/test_control.py tests/test_scaler.py"
 case "${PART:-}" in
   cuda) PYTEST_ARGS="$CUDA_FILES" ;;
   search) PYTEST_ARGS="tests/test_search.py" ;;
