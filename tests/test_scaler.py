@@ -49,8 +49,8 @@ def _scaled_step(scaler_cls, device, dtypes, bad):
                          ids=["mixed", "all-bf16"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_bf16_gradients_unscale_skip_and_rescale_as_torchs_cpu_kernel_does(device, dtypes, case):
-    """Bit for bit against torch.amp.GradScaler on the CPU, whose fused op handles bf16: the unscaled
-    gradients, the found-inf flag, the step taken or skipped and the next scale. With every gradient
+    """Against torch.amp.GradScaler on the CPU, whose fused op handles bf16: the unscaled gradients
+    and the found-inf flag bit for bit, the step taken or skipped, and the next scale. With every gradient
     bf16 torch's loop sees none, so the per-device flag must be made here."""
     bad = CASES[case]
     want = _scaled_step(torch.amp.GradScaler, "cpu", dtypes, bad)
@@ -59,8 +59,12 @@ def test_bf16_gradients_unscale_skip_and_rescale_as_torchs_cpu_kernel_does(devic
         assert a.dtype == b.dtype and torch.equal(a.view(-1).isnan(), b.view(-1).isnan())
         assert torch.equal(a.nan_to_num(), b.nan_to_num())
     assert got[1] == want[1] == (0.0 if bad is None else 1.0)
-    for a, b in zip(got[2], want[2]):
-        assert torch.equal(a, b)
+    # the step itself is torch.optim's, whose CUDA arithmetic (foreach) rounds other than its CPU loop
+    # does (bf16 weights differed in the last bit on an H200): taken or skipped as torch's CPU step
+    before = _params("cpu", dtypes)
+    for a, b, p0 in zip(got[2], want[2], before):
+        assert torch.equal(a, p0) == torch.equal(b, p0) == (bad is not None)
+        assert torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-3) if bad is None else torch.equal(a, b)
     assert got[3] == want[3] == (1024.0 if bad is None else 512.0)
 
 
