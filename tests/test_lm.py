@@ -14,7 +14,7 @@ import yaml
 from conftest import ROOT
 from triaccel.errors import ConfigError
 from triaccel.precision import PrecisionRuntime, layer_modules
-from triaccel.trainer import correct_count, example_loss_sum
+from triaccel.metrics import correct_count, example_loss_sum
 from triaccel.zoo.gpt import GPT
 from triaccel.zoo.text import CORPORA_DIR, char_corpus, decode, load_corpus, split_bounds
 

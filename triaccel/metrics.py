@@ -1,7 +1,27 @@
-"""The paper's efficiency score (§4.2) and the per-run summaries built on it."""
+"""The training loss and accuracy counts, the paper's efficiency score (§4.2) and the per-run
+summaries built on it."""
 from __future__ import annotations
 
 import statistics
+
+import torch
+import torch.nn.functional as F
+
+
+def example_loss_sum(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy summed over the examples, each example's loss the mean over its target
+    positions: classification (logits [B, C], targets [B]) and sequences (logits [B, T, V], targets
+    [B, T]: a language model's next tokens) alike. Divided by the example count it is the mean loss
+    per position, so the trainer's exact accumulation (per-example sums over the window's examples)
+    holds for both."""
+    loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="sum")
+    return loss if y.dim() == 1 else loss / y[0].numel()
+
+
+def correct_count(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Target positions where the arg-max logit is the target: top-1 accuracy's numerator, per
+    image for a classifier, per next token for a language model (divide by ``y.numel()``)."""
+    return (out.argmax(-1) == y).sum()
 
 
 def efficiency_score(acc_pct: float, epoch_time_s: float, peak_vram_gb: float) -> float:

@@ -164,7 +164,7 @@ class PrecisionRuntime:
 
     def keep_bf16_masters(self) -> None:
         """From now on each layer's own weights are stored as its level computes: bf16 at FP16 or BF16,
-        fp32 at FP32 (``master_changes``; the trainer converts them, between steps)."""
+        fp32 at FP32 (``store_as_levels``, which the trainer calls between steps)."""
         self.bf16_masters = True
 
     def master_changes(self) -> list[tuple[nn.Parameter, torch.dtype]]:
@@ -178,6 +178,22 @@ class PrecisionRuntime:
             want = torch.float32 if self._dtype[name] is torch.float32 else torch.bfloat16
             out += [(p, want) for p in ps if p.dtype != want]
         return out
+
+    def store_as_levels(self, optimizer=None) -> tuple[int, int]:
+        """Each layer weight converted to the storage its level takes (``master_changes``), through
+        the optimizer's ``set_master_dtype`` when there is one (its state follows the weight), else
+        alone (at set-up). Returns (weights converted, bytes freed; negative: taken)."""
+        from triaccel.kernels.fused_optim import set_master_dtype
+
+        changes = self.master_changes()
+        freed = 0
+        for p, dt in changes:
+            freed += p.numel() * (p.element_size() - dt.itemsize)
+            if hasattr(optimizer, "set_master_dtype"):
+                optimizer.set_master_dtype(p, dt)
+            else:
+                set_master_dtype(p, dt)
+        return len(changes), freed
 
     def _fp32_weights(self, mod: nn.Module):
         """While a layer with bf16 weights computes in FP32: its weights as fp32 copies, through which

@@ -35,7 +35,6 @@ from typing import Callable
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from triaccel.capture import StepGraphs
 from triaccel.compiled import CompiledForward, is_compile_error
@@ -48,7 +47,7 @@ from triaccel.errors import TriAccelError, check_stop, stop_done
 from triaccel.hooks import Callback, Decisions, StepInfo  # noqa: F401 (names of this module)
 from triaccel.userdef import TensorData, load_user_splits
 from triaccel.measure import MemoryMeter, free_device, sync
-from triaccel.metrics import efficiency_score, run_peak, steady_epoch_time
+from triaccel.metrics import correct_count, efficiency_score, example_loss_sum, run_peak, steady_epoch_time
 from triaccel.models import build_model, enable_checkpointing
 from triaccel.optim import GradScaler, make_optimizer, param_groups
 from triaccel.precision import DTYPES, PrecisionRuntime
@@ -67,22 +66,6 @@ class OutOfMemoryBeyondRecovery(TriAccelError):
 @dataclass
 class History:
     epochs: list = field(default_factory=list)  # one metrics dict per epoch
-
-
-def example_loss_sum(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy summed over the examples, each example's loss the mean over its target
-    positions: classification (logits [B, C], targets [B]) and sequences (logits [B, T, V], targets
-    [B, T]: a language model's next tokens) alike. Divided by the example count it is the mean loss
-    per position, so the trainer's exact accumulation (per-example sums over the window's examples)
-    holds for both."""
-    loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="sum")
-    return loss if y.dim() == 1 else loss / y[0].numel()
-
-
-def correct_count(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Target positions where the arg-max logit is the target: top-1 accuracy's numerator, per
-    image for a classifier, per next token for a language model (divide by ``y.numel()``)."""
-    return (out.argmax(-1) == y).sum()
 
 
 ADAPTIVE = frozenset({"batch_size", "micro_batch", "batch_lr_factor", "lr_scales"})
@@ -105,7 +88,7 @@ class Trainer:
         self.oom_probe = oom_probe
         self.stop = False  # a callback (ASHA through Tune, say) may ask the loop to end
         self.loop = None  # the Tri-Accel control loop, when build_trainer wired one
-        self.weights_version = 0  # weight storage conversions so far (bf16 master weights; _follow_levels)
+        self.weights_version = 0  # times the weights were stored anew (bf16 master weights: store_as_levels)
 
     # ================================================================== setup
     def setup(self) -> "Trainer":
@@ -186,7 +169,8 @@ class Trainer:
             if cfg.triaccel.precision.master_weights == "bf16":
                 if self.precision.fallback["bf16"] == "bf16":
                     self.precision.keep_bf16_masters()
-                    freed = self._follow_levels()
+                    moved, freed = self.precision.store_as_levels()
+                    self.weights_version += bool(moved)
                     self.log(f"[precision] master weights in bf16 where a layer computes in 16 bits, updates "
                              f"rounded {cfg.triaccel.precision.rounding} ({freed / 2**20:.2f} MiB of weights freed)")
                 else:
@@ -265,34 +249,15 @@ class Trainer:
         if d.levels and self.precision is not None:
             for name, lvl in d.levels.items():
                 self.precision.set(name, lvl)
-            moved = self.weights_version
-            self._follow_levels()
-            if self.weights_version != moved and self.graphs is not None:
-                self.graphs.reset()  # the graphs read the weights' old storage
+            if self.precision.store_as_levels(self.optimizer)[0]:  # bf16 master weights moved
+                self.weights_version += 1  # what captured the old storage (the graphs, the probe's) drops it
+                if self.graphs is not None:
+                    self.graphs.reset()
         if d.cudnn_benchmark is not None and self.device.type == "cuda":
             torch.backends.cudnn.benchmark = d.cudnn_benchmark
         if self.graphs is not None and (self.batch_size, self.micro_batch,
                                         torch.backends.cudnn.benchmark) != shapes_before:
             self.graphs.reset()  # new shapes (or algorithms): the old graphs' pool would only add to the peak
-
-    def _follow_levels(self) -> int:
-        """With bf16 master weights: each layer's weights converted to the storage its level takes
-        (``PrecisionRuntime.master_changes``); ``weights_version`` counts the conversions, so what
-        captured the old storage (the step's graphs, the curvature probe's) knows to drop it. Returns
-        the bytes freed (negative: taken)."""
-        from triaccel.kernels.fused_optim import set_master_dtype
-
-        freed = 0
-        opt = getattr(self, "optimizer", None)
-        changes = self.precision.master_changes()
-        self.weights_version += 1 if changes else 0
-        for p, dt in changes:
-            freed += p.numel() * (p.element_size() - dt.itemsize)
-            if hasattr(opt, "set_master_dtype"):
-                opt.set_master_dtype(p, dt)
-            else:  # at set-up, before the optimizer exists
-                set_master_dtype(p, dt)
-        return freed
 
     def _may_use_fp16(self) -> bool:
         if self.cfg.mode == "amp":
