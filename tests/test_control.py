@@ -202,10 +202,13 @@ def test_bf16_master_weights_train_as_fp32_masters_do(rounding):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_bf16_master_weights_beside_fp16_layers_train_through_the_grad_scaler(device):
+def test_bf16_master_weights_beside_fp16_layers_train_through_the_grad_scaler(device, monkeypatch):
     """fp16 layers with bf16 master weights: the GradScaler runs and the layers' gradients are bf16
     (torch's own unscale has no bf16 CUDA kernel: triaccel.optim.GradScaler). cpu_fp16 keeps real
-    fp16 here, so this path runs in CI as on a GPU."""
+    fp16 here, and torch's op refuses bf16 as on CUDA, so this path runs in CI as on a GPU."""
+    from test_scaler import cuda_like_unscale
+
+    cuda_like_unscale(monkeypatch)
     base = {**TRI, "device": device, "amp_dtype": "fp16", "epochs": 2, "triaccel.precision.cpu_fp16": "true"}
     t = Trainer(small_cfg(**{**base, "triaccel.precision.master_weights": "bf16"}), callbacks=[],
                 log=lambda *a: None).setup()

@@ -1,5 +1,7 @@
 """triaccel.optim.GradScaler: bf16 gradients (bf16 master weights beside fp16 layers) unscaled and
 checked as torch's own CPU kernel does; torch's fused CUDA op has no bf16 kernel."""
+import inspect
+
 import pytest
 import torch
 
@@ -85,3 +87,76 @@ def test_a_scaler_with_no_bf16_gradient_is_torchs_own_path(monkeypatch):
     sc.scale((p * 2).sum()).backward()
     sc.unscale_(opt)
     assert seen == [opt] and torch.allclose(p.grad, torch.full((5,), 2.0))
+
+
+def cuda_like_unscale(monkeypatch):
+    """torch's fused check-and-unscale as it is on CUDA: no bf16 kernel (NotImplementedError)."""
+    real = torch._amp_foreach_non_finite_check_and_unscale_
+
+    def no_bf16(grads, found_inf, inv_scale):
+        if any(g.dtype == torch.bfloat16 for g in grads):
+            raise NotImplementedError('"_amp_foreach_non_finite_check_and_unscale_cuda" not implemented for \'BFloat16\'')
+        return real(grads, found_inf, inv_scale)
+
+    monkeypatch.setattr(torch, "_amp_foreach_non_finite_check_and_unscale_", no_bf16)
+
+
+@pytest.mark.parametrize("case", ["finite", "inf-in-bf16"])
+def test_bf16_gradients_unscale_where_torchs_kernel_has_no_bf16_as_on_cuda(monkeypatch, case):
+    """With torch's op refusing bf16, as its CUDA kernel does, torch's own scaler fails and this one
+    gives what torch's CPU kernel gave before the refusal."""
+    want = _scaled_step(torch.amp.GradScaler, "cpu", (torch.float32, torch.bfloat16, torch.bfloat16), CASES[case])
+    cuda_like_unscale(monkeypatch)
+    with pytest.raises(NotImplementedError):
+        _scaled_step(torch.amp.GradScaler, "cpu", (torch.float32, torch.bfloat16, torch.bfloat16), CASES[case])
+    got = _scaled_step(GradScaler, "cpu", (torch.float32, torch.bfloat16, torch.bfloat16), CASES[case])
+    assert all(torch.equal(a.nan_to_num(), b.nan_to_num()) for a, b in zip(got[0], want[0]))
+    assert (got[1], got[3]) == (want[1], want[3])
+    assert all(torch.equal(a, b) for a, b in zip(got[2], want[2]))  # both on the CPU: the same step
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("where", ["late-in-a-large-tensor", "behind-many-tensors"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_a_bad_value_anywhere_among_bf16_gradients_is_found(device, where, bad):
+    """The check reduces across blocks and chunks of the multi-tensor kernel on CUDA: a bad value far
+    from the start is found as one at the start is; an empty bf16 gradient is passed over."""
+    shapes = [(3_000_001,)] if where == "late-in-a-large-tensor" else [(17,)] * 500
+    ps = [torch.zeros(s, device=device, dtype=torch.bfloat16, requires_grad=True) for s in shapes]
+    ps.append(torch.zeros(0, device=device, dtype=torch.bfloat16, requires_grad=True))
+    for p in ps:
+        p.grad = torch.ones_like(p) * 64
+    ps[-2].grad.view(-1)[-1] = bad
+    opt = torch.optim.SGD(ps, lr=0.1)
+    sc = GradScaler(device, init_scale=64.0)
+    sc.scale(torch.zeros((), device=device))  # the scale tensor is made on first use
+    sc.unscale_(opt)
+    assert float(sum(v.cpu() for v in sc._found_inf_per_device(opt).values())) == 1.0
+    assert float(ps[0].grad.view(-1)[0]) == 1.0  # unscaled all the same, as torch's kernel does
+    ps[-2].grad.view(-1)[-1] = 64.0
+    for p in ps:
+        p.grad = torch.ones_like(p) * 64
+    sc2, opt2 = GradScaler(device, init_scale=64.0), torch.optim.SGD(ps, lr=0.1)
+    sc2.scale(torch.zeros((), device=device))
+    sc2.unscale_(opt2)
+    assert float(sum(v.cpu() for v in sc2._found_inf_per_device(opt2).values())) == 0.0
+
+
+def test_a_sparse_bf16_gradient_is_unscaled_by_its_values(monkeypatch):
+    cuda_like_unscale(monkeypatch)
+    emb = torch.nn.Embedding(10, 4, sparse=True).to(torch.bfloat16)
+    opt = torch.optim.SGD(emb.parameters(), lr=0.1)
+    sc = GradScaler("cpu", init_scale=8.0)
+    sc.scale(emb(torch.tensor([1, 3])).float().sum()).backward()
+    assert emb.weight.grad.is_sparse
+    sc.unscale_(opt)
+    assert torch.equal(emb.weight.grad.coalesce().values(), torch.ones(2, 4, dtype=torch.bfloat16))
+
+
+def test_the_private_hook_this_scaler_overrides_is_still_torchs():
+    """GradScaler overrides torch's private _unscale_grads_: if torch renames it or changes its
+    arguments, unscale_ would stop reaching the bf16 path and this says so first."""
+    params = list(inspect.signature(torch.amp.GradScaler._unscale_grads_).parameters)
+    assert params == ["self", "optimizer", "inv_scale", "found_inf", "allow_fp16"]
+    assert "_unscale_grads_" in inspect.getsource(torch.amp.GradScaler.unscale_)
+    assert "_unscale_grads_" in inspect.getsource(torch.amp.GradScaler._check_inf_per_device)

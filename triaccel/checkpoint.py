@@ -38,10 +38,18 @@ def load_trainer_state(tr: "Trainer", s: dict) -> None:
                             f"was saved with")
     if tr.precision is not None and tr.precision.bf16_masters:  # weights stored as saved: loaded without rounding
         params = dict(tr.model.named_parameters())
-        for k, v in s["model"].items():
-            if k in params and torch.is_tensor(v) and params[k].dtype != v.dtype:
+        moved = [(params[k], v.dtype) for k, v in s["model"].items()
+                 if k in params and torch.is_tensor(v) and params[k].dtype != v.dtype]
+        for p, dt in moved:  # through a fused optimizer, whose launch plan then follows (its state is loaded below)
+            if hasattr(tr.optimizer, "set_master_dtype"):
+                tr.optimizer.set_master_dtype(p, dt)
+            else:
                 with torch.no_grad():
-                    params[k].data = params[k].data.to(v.dtype)
+                    p.data = p.data.to(dt)
+        if moved:  # what captured the old storage drops it, as after Trainer.apply's conversions
+            tr.weights_version += 1
+            if getattr(tr, "graphs", None) is not None:
+                tr.graphs.reset()
     tr.model.load_state_dict(s["model"])
     tr.optimizer.load_state_dict(s["optimizer"])
     tr.scaler.load_state_dict(s["scaler"])

@@ -60,33 +60,37 @@ class GradScaler(torch.amp.GradScaler):
 
     Under ``master_weights: bf16`` a layer stored in bf16 has a bf16 gradient while fp16 layers
     still need the scaler, and torch's fused check-and-unscale has no bf16 CUDA kernel (torch 2.11:
-    NotImplementedError). bf16 gradients are therefore checked here by their inf-norm (NaN
-    propagates through it) and unscaled with one foreach multiply, in fp32 arithmetic rounded to
-    bf16 as torch's CPU kernel does, on every device so that CI runs this path. Every other gradient
-    goes through torch's own path; the skip, the scale update and the fused optimizers' found_inf
-    are torch's unchanged."""
+    NotImplementedError). bf16 gradients (a sparse one's values) are therefore checked here by their
+    1-norms, whose sums carry any inf or NaN, and unscaled with one foreach multiply, in fp32
+    arithmetic rounded to bf16 as torch's CPU kernel does, on every device so that CI runs this
+    path. Every other gradient goes through torch's own loop; the skip, the scale update and the
+    fused optimizers' found_inf are torch's unchanged."""
 
     def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
-        bf16, rest = [], []
+        ours, rest = [], []  # bf16 tensors to unscale here; parameters for torch's loop
         for group in optimizer.param_groups:
             for p in group["params"]:
                 g = p.grad
-                ours = g is not None and g.dtype == torch.bfloat16 and not g.is_sparse
-                (bf16 if ours else rest).append(p)
-        if not bf16:
+                t = None if g is None else (g._values() if g.is_sparse else g)
+                if t is None or t.dtype != torch.bfloat16:
+                    rest.append(p)
+                elif t.numel():  # an empty one has nothing to check or scale
+                    ours.append(t)
+        if len(rest) == sum(len(g["params"]) for g in optimizer.param_groups):
             return super()._unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16)
         # torch's loop reads only optimizer.param_groups: hand it the other parameters
         per_device = super()._unscale_grads_(SimpleNamespace(param_groups=[{"params": rest}]),
                                              inv_scale, found_inf, allow_fp16)
-        grads_by_device = defaultdict(list)
-        for p in bf16:
-            grads_by_device[p.grad.device].append(p.grad)
+        by_device = defaultdict(list)
+        for t in ours:
+            by_device[t.device].append(t)
         with torch.no_grad():
-            for device, grads in grads_by_device.items():
+            for device, grads in by_device.items():
                 found = per_device.get(device)
                 if found is None:
                     found = per_device[device] = found_inf.to(device, non_blocking=True, copy=True)
-                nonfinite = torch.stack(torch._foreach_norm(grads, float("inf"))).isfinite().logical_not().any()
+                # a sum of |g| (fp32) is inf or NaN exactly when an element is, short of 3.4e38 of finite ones
+                nonfinite = torch.stack(torch._foreach_norm(grads, 1)).isfinite().logical_not().any()
                 found.copy_(torch.maximum(found, nonfinite.to(found.dtype)))  # 1.0 once any is inf/NaN
                 torch._foreach_mul_(grads, inv_scale.to(device, non_blocking=True))
         return per_device
