@@ -10,6 +10,7 @@ import torch
 
 from triaccel.errors import TriAccelError
 from triaccel.hooks import Decisions
+from triaccel.precision import store_weight
 
 if TYPE_CHECKING:
     from triaccel.trainer import Trainer
@@ -40,16 +41,10 @@ def load_trainer_state(tr: "Trainer", s: dict) -> None:
         params = dict(tr.model.named_parameters())
         moved = [(params[k], v.dtype) for k, v in s["model"].items()
                  if k in params and torch.is_tensor(v) and params[k].dtype != v.dtype]
-        for p, dt in moved:  # through a fused optimizer, whose launch plan then follows (its state is loaded below)
-            if hasattr(tr.optimizer, "set_master_dtype"):
-                tr.optimizer.set_master_dtype(p, dt)
-            else:
-                with torch.no_grad():
-                    p.data = p.data.to(dt)
-        if moved:  # what captured the old storage drops it, as after Trainer.apply's conversions
-            tr.weights_version += 1
-            if getattr(tr, "graphs", None) is not None:
-                tr.graphs.reset()
+        for p, dt in moved:
+            store_weight(p, dt, tr.optimizer)  # its optimizer state is loaded below
+        if moved:
+            tr.weights_stored_anew()
     tr.model.load_state_dict(s["model"])
     tr.optimizer.load_state_dict(s["optimizer"])
     tr.scaler.load_state_dict(s["scaler"])

@@ -108,6 +108,18 @@ def supported_levels(device: torch.device, cpu_fp16: bool = False, half: str = "
     return out
 
 
+def store_weight(p: torch.Tensor, dtype: torch.dtype, optimizer=None) -> None:
+    """``p`` stored in ``dtype`` from now on, between steps: through a fused optimizer's
+    ``set_master_dtype`` when there is one (its state and launch plan follow the weight), else alone
+    (at set-up, before the optimizer exists)."""
+    from triaccel.kernels.fused_optim import set_master_dtype
+
+    if hasattr(optimizer, "set_master_dtype"):
+        optimizer.set_master_dtype(p, dtype)
+    else:
+        set_master_dtype(p, dtype)
+
+
 class PrecisionRuntime:
     """Applies per-layer levels. ``region()`` is the trainer's forward context: while every layer
     has the same level (the common case) it is one autocast region around the whole forward,
@@ -180,19 +192,13 @@ class PrecisionRuntime:
         return out
 
     def store_as_levels(self, optimizer=None) -> tuple[int, int]:
-        """Each layer weight converted to the storage its level takes (``master_changes``), through
-        the optimizer's ``set_master_dtype`` when there is one (its state follows the weight), else
-        alone (at set-up). Returns (weights converted, bytes freed; negative: taken)."""
-        from triaccel.kernels.fused_optim import set_master_dtype
-
+        """Each layer weight converted to the storage its level takes (``master_changes``,
+        ``store_weight``). Returns (weights converted, bytes freed; negative: taken)."""
         changes = self.master_changes()
         freed = 0
         for p, dt in changes:
             freed += p.numel() * (p.element_size() - dt.itemsize)
-            if hasattr(optimizer, "set_master_dtype"):
-                optimizer.set_master_dtype(p, dt)
-            else:
-                set_master_dtype(p, dt)
+            store_weight(p, dt, optimizer)
         return len(changes), freed
 
     def _fp32_weights(self, mod: nn.Module):

@@ -170,7 +170,8 @@ class Trainer:
                 if self.precision.fallback["bf16"] == "bf16":
                     self.precision.keep_bf16_masters()
                     moved, freed = self.precision.store_as_levels()
-                    self.weights_version += bool(moved)
+                    if moved:
+                        self.weights_stored_anew()
                     self.log(f"[precision] master weights in bf16 where a layer computes in 16 bits, updates "
                              f"rounded {cfg.triaccel.precision.rounding} ({freed / 2**20:.2f} MiB of weights freed)")
                 else:
@@ -250,14 +251,19 @@ class Trainer:
             for name, lvl in d.levels.items():
                 self.precision.set(name, lvl)
             if self.precision.store_as_levels(self.optimizer)[0]:  # bf16 master weights moved
-                self.weights_version += 1  # what captured the old storage (the graphs, the probe's) drops it
-                if self.graphs is not None:
-                    self.graphs.reset()
+                self.weights_stored_anew()
         if d.cudnn_benchmark is not None and self.device.type == "cuda":
             torch.backends.cudnn.benchmark = d.cudnn_benchmark
         if self.graphs is not None and (self.batch_size, self.micro_batch,
                                         torch.backends.cudnn.benchmark) != shapes_before:
             self.graphs.reset()  # new shapes (or algorithms): the old graphs' pool would only add to the peak
+
+    def weights_stored_anew(self) -> None:
+        """Weights moved to new storage (bf16 master weights): what captured the old storage drops
+        it, the step's graphs now and the curvature probe's graph by ``weights_version``."""
+        self.weights_version += 1
+        if getattr(self, "graphs", None) is not None:
+            self.graphs.reset()
 
     def _may_use_fp16(self) -> bool:
         if self.cfg.mode == "amp":
