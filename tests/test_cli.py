@@ -773,3 +773,23 @@ def test_help_says_every_argument_and_the_score_once():
     assert "ray://" not in p.commands["search"].format_help()
     text = " ".join(p.commands["search"].format_help().split())
     assert "efficiency score" in text and "peak GPU memory (GB)" in text
+
+
+@pytest.mark.parametrize("args, code", [(["searches"], 0), (["export", "nosuch", "--out", "x.yaml"], 2)])
+def test_the_command_exits_with_mains_code_after_atexit_and_every_buffered_byte(tmp_path, args, code):
+    """``triaccel`` (cli.entry) skips the interpreter's finalization with os._exit: the atexit handlers
+    (Ray's shutdown, logging's flush) still run, block-buffered output still reaches a pipe in full,
+    and the exit status is main's."""
+    script = ("import atexit, sys\n"
+              "from triaccel import cli\n"
+              "atexit.register(lambda: sys.stdout.write('atexit ran'))\n"  # buffered, after main's last flush
+              "sys.stdout.write('x' * 200000)\n"  # more than a pipe's buffer, still in Python's
+              f"sys.argv = ['triaccel', *{args!r}]\n"
+              "cli.entry()\n"
+              "sys.stderr.write('entry returned\\n')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout block-buffered, as a pipe's is
+    r = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env=env)
+    assert r.returncode == code, r.stderr[-2000:]
+    assert r.stdout.count("x") >= 200000 and r.stdout.endswith("atexit ran")
+    assert "entry returned" not in r.stderr  # it exited there, whatever main returned
