@@ -793,3 +793,12 @@ def test_the_command_exits_with_mains_code_after_atexit_and_every_buffered_byte(
     assert r.returncode == code, r.stderr[-2000:]
     assert r.stdout.count("x") >= 200000 and r.stdout.endswith("atexit ran")
     assert "entry returned" not in r.stderr  # it exited there, whatever main returned
+
+
+def test_the_command_under_cprofile_still_writes_its_profile(tmp_path):
+    """Under a profiler the command exits the ordinary way: cProfile writes its file after the program returns."""
+    prof = tmp_path / "cli.prof"
+    r = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "triaccel.cli", "searches"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert prof.is_file() and prof.stat().st_size > 0
