@@ -192,6 +192,27 @@ def test_a_few_epochs_of_training_lower_the_next_token_loss(mode):
         assert {"h.0.attn.c_attn", "h.1.mlp.c_proj"} <= set(t.precision.names)
 
 
+def test_bf16_master_weights_keep_the_tied_embedding_one_bf16_matrix_and_train_as_fp32_masters_do():
+    """The GPT space's bf16-master start point: the token embedding and the output head share one weight
+    (tied), stored once in bf16 while its layer runs in 16 bits; the run learns as the fp32-master run does."""
+    from triaccel.control import build_trainer
+
+    accs = {}
+    for mw in ("fp32", "bf16"):
+        t = build_trainer(tiny_cfg("mode=triaccel", "data.init_args.stride=1024", "data.init_args.val_fraction=0.02",
+                                   "triaccel.precision.half=bf16", "triaccel.precision.tau_low=1000",
+                                   "triaccel.precision.tau_high=10000", "triaccel.precision.optimizer_state=bf16",
+                                   f"triaccel.precision.master_weights={mw}"), log=lambda *a: None)
+        t.fit()
+        m = t.model
+        assert m.lm_head.weight is m.wte.weight
+        assert m.wte.weight.dtype == (torch.bfloat16 if mw == "bf16" else torch.float32)
+        assert m.h[0].attn.c_attn.weight.dtype == m.wte.weight.dtype
+        assert m.ln_f.weight.dtype == torch.float32  # norms keep fp32 masters
+        accs[mw] = t.history.epochs[-1]["val_acc"]
+    assert accs["bf16"] > 20 and abs(accs["bf16"] - accs["fp32"]) < 3.0, accs
+
+
 def test_evaluate_scores_every_validation_position_once():
     """The trainer's val_acc is next-token accuracy: the share of all validation target positions whose
     arg-max is the target, recomputed here from the model's logits (eval batches of 500 over 1,742
