@@ -46,14 +46,22 @@ DIGITS_SPACE = {
 }
 
 
-def user_env():
-    """A user's environment: no store or Tune folder of the test run's, one intra-op thread (on a
-    shared 2-core machine a busy neighbour stalls torch's second thread and the driver's in-process
-    baselines slow down a hundredfold; the Ray trials use one already)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop("TRIACCEL_TUNE_DIR", None)
+def child_env(*drop, **set_):
+    """This process's environment for a child process that runs triaccel as a user does: less the keys
+    in ``drop`` and less TRITON_INTERPRET, plus ``set_``. conftest sets TRITON_INTERPRET so that this
+    process's tests run the Triton kernels on the CPU; a user's CPU run takes the torch references,
+    and a digits search under the interpreter took about 3x the wall time (and Ray's workers inherit
+    the variable from the driver)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET" and k not in drop}
+    env.update(set_)
     return env
+
+
+def user_env():
+    """A user's environment (``child_env``): no store or Tune folder of the test run's, one intra-op
+    thread (on a shared 2-core machine a busy neighbour stalls torch's second thread and the driver's
+    in-process baselines slow down a hundredfold; the Ray trials use one already)."""
+    return child_env("MLFLOW_TRACKING_URI", "TRIACCEL_TUNE_DIR", OMP_NUM_THREADS="1")
 
 
 def cli(*args, cwd, timeout=600, env=None):

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from _harness import DIGITS_SPACE
+from _harness import DIGITS_SPACE, child_env
 from conftest import small_cfg
 
 SPACE = DIGITS_SPACE
@@ -161,8 +161,8 @@ def test_warm_start_options_are_refused_in_one_line_before_anything_is_written(t
                       (["--warm-start", "../x"], "--warm-start")):
         r = subprocess.run([sys.executable, "-m", "triaccel.cli", "search", "--space", "s.yaml", *args],
                            cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                           env={**__import__("os").environ, "TRIACCEL_TUNE_DIR": str(tmp_path / "tune"),
-                                "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m.db"})
+                           env=child_env(TRIACCEL_TUNE_DIR=str(tmp_path / "tune"),
+                                         MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/m.db"))
         assert r.returncode != 0 and key in r.stderr, (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "tune").exists() and not (tmp_path / "m.db").exists()
@@ -208,12 +208,10 @@ def test_the_extended_study_holds_every_earlier_trial_before_its_first_suggestio
 
 # --------------------------------------------------------------------------- end to end, --storage
 def _cli(*args, cwd, store):
-    import os
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "TRIACCEL_TUNE_DIR"}
-    env["MLFLOW_TRACKING_URI"] = store
+    env = child_env("TRIACCEL_TUNE_DIR", MLFLOW_TRACKING_URI=store)
     return subprocess.run([sys.executable, "-m", "triaccel.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=900, env=env)
 

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from _harness import child_env
 from conftest import ROOT
 from triaccel.cli import main
 from triaccel.config import load_config
@@ -15,9 +16,7 @@ from triaccel.errors import ConfigError
 
 
 def run_cli(*args, cwd, env_extra=None):
-    import os
-
-    env = dict(os.environ, **(env_extra or {}))
+    env = child_env(**(env_extra or {}))
     return subprocess.run([sys.executable, "-m", "triaccel.cli", *args], cwd=cwd, capture_output=True, text=True,
                           env=env, timeout=600)
 
@@ -509,7 +508,6 @@ def test_a_file_where_the_store_folder_goes_is_one_line(tmp_path, capsys, monkey
 
 def test_ui_on_a_file_that_is_no_store_is_one_line_and_starts_no_server(tmp_path):
     """It printed its URL, then 68 lines of the server's traceback."""
-    import os
     import socket
     import subprocess
     import sys
@@ -520,7 +518,7 @@ def test_ui_on_a_file_that_is_no_store_is_one_line_and_starts_no_server(tmp_path
         port = s.getsockname()[1]
     r = subprocess.run([sys.executable, "-m", "triaccel.cli", "ui", "--port", str(port)], cwd=tmp_path,
                        capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "MLFLOW_TRACKING_URI": "sqlite:///n.db"})
+                       env=child_env(MLFLOW_TRACKING_URI="sqlite:///n.db"))
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "MLFLOW_TRACKING_URI: cannot use the MLflow store" in lines[0] \
         and "MLflow UI" not in r.stdout, (r.stdout, r.stderr[-2000:])
@@ -529,7 +527,6 @@ def test_ui_on_a_file_that_is_no_store_is_one_line_and_starts_no_server(tmp_path
 
 def test_stdout_closed_by_its_reader_stops_quietly_and_closes_the_run_killed(tmp_path):
     """`triaccel train ... | head -1` was a BrokenPipeError traceback and a FAILED run."""
-    import os
     import subprocess
     import sys
 
@@ -537,7 +534,7 @@ def test_stdout_closed_by_its_reader_stops_quietly_and_closes_the_run_killed(tmp
 
     p = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "train", "--config", QUICK, "--set", "epochs=3"],
                          cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env={k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"})
+                         env=child_env("MLFLOW_TRACKING_URI"))
     first = p.stdout.readline()
     p.stdout.close()  # what head does after its line
     err = p.stderr.read().decode()
@@ -732,7 +729,7 @@ def test_a_config_link_that_leads_nowhere_says_so(tmp_path, capsys):
 
 # --------------------------------------------------------------------------- `triaccel ui` on a port in use
 def _ui(tmp_path, *args):
-    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    env = child_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
     try:
         return subprocess.run([sys.executable, "-m", "triaccel.cli", "ui", *args], env=env, cwd=tmp_path,
                               capture_output=True, text=True, timeout=60)

@@ -2,7 +2,6 @@
 trainer's next-token loss and accuracy."""
 import hashlib
 import math
-import os
 import subprocess
 import sys
 
@@ -11,6 +10,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from _harness import child_env
 from conftest import ROOT
 from triaccel.errors import ConfigError
 from triaccel.precision import PrecisionRuntime, layer_modules
@@ -233,8 +233,7 @@ def test_evaluate_scores_every_validation_position_once():
 
 # ------------------------------------------------------------------ search, export, train
 def cli(*args, cwd):
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "TRIACCEL_TUNE_DIR")}
-    env["OMP_NUM_THREADS"] = "1"
+    env = child_env("MLFLOW_TRACKING_URI", "TRIACCEL_TUNE_DIR", OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-m", "triaccel.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=1500, env=env)
 

@@ -7,6 +7,7 @@ import termios
 import subprocess
 import sys
 
+from _harness import child_env
 from conftest import ROOT
 
 RUN = [sys.executable, "-m", "triaccel.cli", "train", "--config", str(ROOT / "configs" / "quickstart.yaml"),
@@ -35,7 +36,7 @@ def _on_a_terminal(env) -> str:
 
 
 def test_epochs_show_progress_on_a_terminal_only():
-    env = {k: v for k, v in os.environ.items() if k != "TRIACCEL_PROGRESS"}
+    env = child_env("TRIACCEL_PROGRESS")
     env["TRIACCEL_PROGRESS_DELAY"] = "0"  # a quickstart epoch is short: show the bar at once
     shown = _on_a_terminal(env)
     assert "epoch 1/1" in shown and "img/s" in shown  # tqdm's bar, with its rate

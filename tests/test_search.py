@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from _harness import DIGITS_SPACE, free_port, searcher_trials, user_env, with_store
+from _harness import DIGITS_SPACE, child_env, free_port, searcher_trials, user_env, with_store
 
 pytestmark = pytest.mark.slow
 
@@ -38,9 +38,7 @@ SPACE = {
 
 
 def cli(*args, cwd, timeout=600, **kw):
-    env = dict(os.environ, MLFLOW_TRACKING_URI="", TRIACCEL_TUNE_DIR="")
-    env.pop("MLFLOW_TRACKING_URI")
-    env.pop("TRIACCEL_TUNE_DIR")
+    env = child_env("MLFLOW_TRACKING_URI", "TRIACCEL_TUNE_DIR")
     return subprocess.run([sys.executable, "-m", "triaccel.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=env, **kw)
 
@@ -285,9 +283,7 @@ def test_sigkill_mid_search_then_resume_finishes_without_duplicates(tmp_path):
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     # one intra-op thread: on a shared 2-core machine a busy neighbour stalls torch's second thread
     # and the driver's in-process baseline slows down a hundredfold (the Ray trials use one already)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop("TRIACCEL_TUNE_DIR", None)
+    env = child_env("MLFLOW_TRACKING_URI", "TRIACCEL_TUNE_DIR", OMP_NUM_THREADS="1")
     log = tmp_path / "search.log"  # a file, not a pipe nobody reads: a full pipe would stall the driver
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name",
@@ -537,7 +533,7 @@ def test_address_joins_an_existing_cluster_and_a_plain_search_stays_local(tmp_pa
     space["params"] = {k: v for k, v in SPACE["params"].items() if k != "optim.lr"}
     space["train"] = dict(SPACE["train"], epochs=1)
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    env = {k: v for k, v in child_env().items() if not k.startswith("RAY_AUTH")}  # the cluster's workers inherit it
     # a token on the machine (any earlier local ray.init writes one): `ray start` then turns token auth on
     subprocess.run([*ray_cmd, "get-auth-token", "--generate"], capture_output=True, timeout=600, env=env)
     r = subprocess.run([*ray_cmd, "start", "--head", "--port=6391", "--num-cpus=2", "--include-dashboard=false"],

@@ -2,7 +2,6 @@
 --address auto without a cluster, a local Ray that cannot start. Real subprocesses, a real sqlite
 MLflow store."""
 import contextlib
-import os
 import socket
 import subprocess
 import sys
@@ -11,7 +10,7 @@ import time
 import pytest
 import yaml
 
-from _harness import SPACE, cli, free_port, runs, user_env
+from _harness import SPACE, child_env, cli, free_port, runs, user_env
 
 
 @pytest.mark.slow
@@ -69,7 +68,7 @@ def test_address_auto_without_a_cluster_fails_before_the_baselines(tmp_path):
     """--address auto where no `ray start` cluster runs: one line, before the baselines train (it used
     to fail only after them, in ray.init)."""
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = child_env("RAY_ADDRESS")
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--address", "auto"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)

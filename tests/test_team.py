@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from _harness import DIGITS_SPACE, free_port, searcher_trials
+from _harness import DIGITS_SPACE, child_env, free_port, searcher_trials
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +65,7 @@ def _wait_http(url: str, proc, timeout: float, log: Path | None = None):
 def env_for(uri: str | None, **extra) -> dict:
     """The environment of a user's search: MLFLOW_TRACKING_URI names the team's server; one torch thread
     (on a shared 2-core machine a busy neighbour stalls a second thread a hundredfold)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "TRIACCEL_TUNE_DIR")}
+    env = child_env("MLFLOW_TRACKING_URI", "TRIACCEL_TUNE_DIR")
     env["OMP_NUM_THREADS"] = "1"
     if uri:
         env["MLFLOW_TRACKING_URI"] = uri
@@ -484,7 +484,7 @@ class TwoNodeCluster:
         self.temp = Path(tempfile.mkdtemp(prefix="tri-ray-", dir="/tmp"))
         self.port = free_port()
         self.address = None
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+        self.env = {k: v for k, v in child_env().items() if not k.startswith("RAY_AUTH")}  # its workers inherit it
         self.groups: list[int] = []
 
     def _ray(self, *args, timeout=180):

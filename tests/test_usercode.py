@@ -1,6 +1,5 @@
 """The user's own model and data: class_path references, zoo models by name, the Python API, and the
 per-layer machinery on any nn.Module (tied and frozen parameters)."""
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +9,8 @@ import torch
 import torch.nn as nn
 import yaml
 from torch.utils.data import TensorDataset
+
+from _harness import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent / "triaccel"  # the console script: the current folder is not on its path
@@ -77,7 +78,7 @@ def project(tmp_path: Path) -> Path:
 
 
 def cli(*args, cwd, timeout=600):
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "TRIACCEL_TUNE_DIR", "PYTHONPATH")}
+    env = child_env("MLFLOW_TRACKING_URI", "TRIACCEL_TUNE_DIR", "PYTHONPATH")
     return subprocess.run([str(BIN), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -321,7 +322,7 @@ def test_readme_notebook_example_runs_as_written(tmp_path):
     live in __main__ (no import path): the search ships them to the workers by value."""
     r = subprocess.run([sys.executable, str(ROOT / "docs" / "examples" / "notebook.py")], cwd=tmp_path,
                        capture_output=True, text=True, timeout=900,
-                       env={k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "TRIACCEL_TUNE_DIR")})
+                       env=child_env("MLFLOW_TRACKING_URI", "TRIACCEL_TUNE_DIR"))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     trained = next(ln for ln in r.stdout.splitlines() if ln.startswith("trained:"))
     assert float(trained.split()[1]) > 0
