@@ -30,12 +30,14 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 FACTS = ("date", "git_rev", "git_dirty", "gpu", "command")
-# README's headline: the latest judgements of the shipped JPEG space's export against the best static runs
-# measured beside it, at each length: (folder, file, epochs, the run compared, its label in the table)
-SHIPPED = "the export of `spaces/cifar10_jpeg_resnet18.yaml`"
+# README's headline: the latest judgements of shipped spaces' exports against the best static runs measured
+# beside them, at each length: (folder, file, epochs, the run compared, its label in the table)
+SHIPPED = "ResNet-18, CIFAR-10 JPEG: the export of `spaces/cifar10_jpeg_resnet18.yaml`"
+GPT = "GPT, Tiny Shakespeare: the export of `spaces/shakespeare_gpt.yaml`"
 HEADLINE = (("export_vs_static", "h200_search_bf16masters_judge_8ep.json", 8, "exported", SHIPPED),
             ("export_vs_static", "h200_search_bf16masters_16ep.json", 16, "exported", SHIPPED),
-            ("export_vs_static", "h200_search_bf16masters_16ep_fp16ref.json", 16, "exported", SHIPPED))
+            ("export_vs_static", "h200_search_bf16masters_16ep_fp16ref.json", 16, "exported", SHIPPED),
+            ("lm", "h200_lm_search_judge_8ep.json", 8, "exported", GPT))
 METRICS = (("efficiency", "efficiency", 1), ("val_acc", "val %", 2), ("epoch_time_last5_s", "s/epoch", 3),
            ("peak_mem_gib", "peak GiB", 3))
 
@@ -104,7 +106,7 @@ def figures_table(data: dict, ratio_to: str | None = None) -> list[str]:
 
 
 def headline() -> str:
-    lines = ["| ResNet-18, CIFAR-10 JPEG, alone | epochs | seeds | efficiency | val % | s/epoch | peak GiB | the export / run |",
+    lines = ["| run, alone | epochs | seeds | efficiency | val % | s/epoch | peak GiB | the export / run |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     sources = []
     for folder, name, epochs, run_name, label in HEADLINE:
