@@ -161,9 +161,13 @@ def summary_lines(j: Judged, o) -> list[str]:
 
 def final_pick(o, space: SearchSpace, j: Judged | None, how: str = "best"):
     """What export writes: the judge's verdict where the trials were judged (``--pick best``), else
-    ``results.pick``. A judged pick carries its mean figures at the production length."""
-    from triaccel.search.results import Pick, paired_words, pick
+    ``results.pick``. A judged pick (the verdict, or the reference baseline with ``--pick baseline``)
+    carries its mean figures at the production length."""
+    from triaccel.search.results import BASELINE_ASKED, Pick, paired_words, pick
 
+    if j is not None and how == "baseline" and o.reference is not None:
+        return Pick("baseline", o.reference, {**o.reference["metrics"], **j.mean_metrics(BASELINE)},
+                    f"{BASELINE_ASKED}, judged at {j.epochs} epochs")
     if j is None or how != "best":
         return pick(o, space.objective, how)
     if j.winner is not None:

@@ -241,9 +241,17 @@ class Pick:
     reason: str
 
 
+PICKS = "expected best, baseline or pareto-N"
+BASELINE_ASKED = "the reference baseline, the best static run (--pick baseline)"
+
+
 def pick(o: Outcome, objective: str, how: str) -> Pick:
     """What ``export`` writes: the best feasible trial, entry N of the feasible Pareto front,
-    or the reference baseline when no feasible trial beats it."""
+    or the reference baseline when no feasible trial beats it or when asked for (``baseline``)."""
+    if how == "baseline":
+        if o.reference is None:
+            raise ConfigError("--pick baseline: no static baseline of this search finished")
+        return Pick("baseline", o.reference, o.reference["metrics"], BASELINE_ASKED)
     if how == "best":
         if objective == "pareto":
             front = pareto_front([{**r.row, "metrics": r.measured} for r in o.feasible])
@@ -263,7 +271,7 @@ def pick(o: Outcome, objective: str, how: str) -> Pick:
     if how.startswith("pareto-"):
         digits = how.split("-", 1)[1]
         if not (digits.isascii() and digits.isdigit()):  # int() would take pareto-+0 and pareto- 1 as 0 and 1
-            raise ConfigError(f"--pick {how}: expected best or pareto-N")
+            raise ConfigError(f"--pick {how}: {PICKS}")
         i = int(digits)
         front = pareto_front([{**r.row, "metrics": r.measured} for r in o.feasible])
         if not 0 <= i < len(front):
@@ -273,7 +281,7 @@ def pick(o: Outcome, objective: str, how: str) -> Pick:
             raise ConfigError(f"--pick {how}: the Pareto front has {has}")
         r = next(x for x in o.feasible if x.row["run_id"] == front[i]["run_id"])
         return Pick("trial", r.row, r.measured, f"entry {i} of the feasible Pareto front")
-    raise ConfigError(f"--pick {how}: expected best or pareto-N")
+    raise ConfigError(f"--pick {how}: {PICKS}")
 
 
 # --------------------------------------------------------------------------- cost

@@ -62,6 +62,16 @@ def test_nothing_feasible_beats_the_baseline_exports_the_baseline():
         R.pick(R.outcome([], [], [], epochs=4), "efficiency", "best")
 
 
+
+def test_pick_baseline_is_the_reference_static_run_even_when_a_trial_wins():
+    o = R.outcome([run("fast", 300.0, 85.0)], [], BASE, epochs=4)
+    assert R.pick(o, "efficiency", "best").kind == "trial"
+    p = R.pick(o, "efficiency", "baseline")
+    assert p.kind == "baseline" and p.row["run_id"] == o.reference["run_id"] and "--pick baseline" in p.reason
+    with pytest.raises(ConfigError, match="--pick baseline: no static baseline of this search finished"):
+        R.pick(R.outcome([run("fast", 300.0, 85.0)], [], [], epochs=4), "efficiency", "baseline")
+
+
 def test_pareto_picks_only_feasible_members():
     rows = [run("acc", 50.0, 86.0, t=2.0), run("fast", 90.0, 83.0, t=0.5), run("inacc", 300.0, 60.0, t=0.1)]
     o = R.outcome(rows, [], BASE, epochs=4)
@@ -70,7 +80,7 @@ def test_pareto_picks_only_feasible_members():
     with pytest.raises(ConfigError, match=r"2 feasible trials \(pareto-0 \.\. pareto-1\)"):
         R.pick(o, "pareto", "pareto-2")
     for bad in ("pareto-+0", "pareto- 1", "pareto-", "pareto-٣"):  # +0 was taken as entry 0
-        with pytest.raises(ConfigError, match="expected best or pareto-N"):
+        with pytest.raises(ConfigError, match="expected best, baseline or pareto-N"):
             R.pick(o, "pareto", bad)
     one = R.outcome(rows[:1], [], BASE, epochs=4)  # was "(pareto-0 .. pareto-0)"
     with pytest.raises(ConfigError, match=r"has 1 feasible trial \(pareto-0\)$"):

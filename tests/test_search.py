@@ -624,10 +624,17 @@ def test_the_judge_pairs_trial_and_reference_by_seed_at_the_production_length(tm
         assert prov["exported"] == "baseline" and prov["judge"]["exported"] == "baseline"
         assert doc["mode"] == "amp" and "triaccel" not in doc and prov["mlflow_run_id"] == b.info.run_id
         assert "lower bound" in prov["why"]
-    # export --epochs overrides the space's production length (the lr schedule stretches to it)
-    r = cli("export", "j", "--out", "tuned3.yaml", "--epochs", "3", cwd=tmp_path)
+    # --pick baseline writes the reference static run whatever the verdict, with its judged figures; export
+    # --epochs overrides the space's production length (the lr schedule stretches to it)
+    r = cli("export", "j", "--out", "tuned3.yaml", "--epochs", "3", "--pick", "baseline", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert yaml.safe_load((tmp_path / "tuned3.yaml").read_text())["epochs"] == 3
+    doc = yaml.safe_load((tmp_path / "tuned3.yaml").read_text())
+    prov = doc["provenance"]
+    assert doc["epochs"] == 3 and doc["mode"] == "amp" and "triaccel" not in doc
+    assert prov["exported"] == "baseline" and prov["mlflow_run_id"] == b.info.run_id and prov["pick"] == "baseline"
+    assert prov["metrics"]["efficiency"] == pytest.approx(
+        sum(by[("baseline", s)].data.metrics["efficiency"] for s in (0, 1)) / 2)
+    assert "--pick baseline" in prov["why"] and "judged at 2 epochs" in prov["why"]
     # bench/judge_table.py reads the same judgement back from the store as a results file
     out = tmp_path / "judge.json"
     r = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "bench" / "judge_table.py"),
