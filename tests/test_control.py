@@ -512,11 +512,20 @@ def test_controllers_off_dispatch_exactly_what_static_amp_dispatches():
                                   {"triaccel.curvature.method": "fisher", "triaccel.batch.policy": "score"},
                                   {"triaccel.curvature.method": "fisher", "triaccel.precision.master_weights": "bf16"}],
                          ids=["fisher", "power-batched", "score-batch", "bf16-masters-stochastic"])
-def test_resume_mid_run_continues_exactly(tmp_path, over):
+def test_resume_mid_run_continues_exactly(tmp_path, monkeypatch, over):
     """Killed after epoch 2 and resumed from its checkpoint, a run ends with the same weights as
     one never interrupted (#14 case 5): RNG streams, the probe's sign stream, mid-window
-    statistics (Fisher accumulator, overflow counts) and the controllers travel in the checkpoint."""
+    statistics (Fisher accumulator, overflow counts) and the controllers travel in the checkpoint.
+    The score policy chooses the batch on measured step times, which on a GPU vary between two
+    runs by more than its ties: every run here reads one clock that advances a fixed amount per
+    reading, so two uninterrupted runs decide alike and the comparison is about the checkpoint."""
+    import itertools
+    import time
+
     from triaccel.trainer import Callback
+
+    ticks = itertools.count()
+    monkeypatch.setattr(time, "perf_counter", lambda: next(ticks) * 1e-3)
 
     class StopAfter(Callback):
         def __init__(self, n):
