@@ -42,6 +42,9 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
     data = to_dict(cfg)
     if cfg.mode != "triaccel":  # a static export: no triaccel section that nothing reads
         data.pop("triaccel", None)
+    for section in ("data", "model"):  # nor a built-in dataset's or model's keys beside a class_path
+        for key in getattr(cfg, section).unread():
+            data[section].pop(key, None)
     data["provenance"] = provenance(name, state, space, uri, how, o, j, chosen, finished, searched_epochs)
     row = chosen.row
     text = (f"# Exported by `triaccel export {name}` from MLflow run {row['run_id']} ({chosen.reason}).\n"

@@ -260,6 +260,10 @@ def test_a_search_of_the_tiny_space_ends_with_a_summary_and_an_export_that_train
     tuned = yaml.safe_load((tmp_path / "tuned.yaml").read_text())
     assert tuned["model"]["class_path"] == "triaccel.zoo.gpt.GPT"
     assert tuned["data"]["class_path"] == "triaccel.zoo.text.char_corpus"
+    # only keys the run reads: no built-in dataset's name (digits) or model's (small_cnn) beside the class_paths
+    assert not {"name", "data_dir", "augment", "kernel"} & set(tuned["data"]), tuned["data"]
+    assert not {"name", "width", "kwargs"} & set(tuned["model"]), tuned["model"]
+    assert tuned["data"]["val_fraction"] == space["train"]["data"].get("val_fraction", 0.1)
     r = cli("train", "--config", "tuned.yaml", "--set", "epochs=1", "--set", "tracking.enabled=false", cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "epoch   1/1" in r.stdout + r.stderr

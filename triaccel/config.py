@@ -101,6 +101,11 @@ class DataConfig:
         _check(0 <= self.split_seed < 2**32, "data.split_seed", f"must be in [0, 2**32), got {self.split_seed}")
         _check_reference(self, "data")
 
+    def unread(self) -> tuple[str, ...]:
+        """The keys a run never reads: with class_path, the built-in datasets' (left out of an export)."""
+        return () if self.class_path is None else (
+            "name", "data_dir", "download", "image_size", "augment", "crop_padding", "cache_dir", "kernel")
+
     def check_read(self) -> None:
         """Keys this dataset would ignore (as model.resize): a user who set data_dir for digits meant
         another dataset. Checked where a config is written by hand (``load_config``, a new search's
@@ -149,6 +154,10 @@ class ModelConfig:
         _check_reference(self, "model")
         _check(not self.kwargs or "/" in self.name, "model.kwargs",
                f"are a zoo model's arguments (model.name: torchvision/NAME or timm/NAME); {self.name} takes none")
+
+    def unread(self) -> tuple[str, ...]:
+        """The keys a run never reads: with class_path, the named models' (see DataConfig.unread)."""
+        return () if self.class_path is None else ("name", "kwargs", "resize", "width")
 
     def label(self) -> str:
         """The model as a person names it: the factory's reference, or the name."""
