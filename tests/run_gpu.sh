@@ -2,34 +2,20 @@
 # The whole test suite, natively on the GPU machine (CI has no GPU, so the CUDA-only tests run
 # only here). Prints one summary line; the full log and JUnit XML go to ${OUT:-/tmp}.
 #   bash tests/run_gpu.sh            # from the repo root on the GPU machine (see ../shared/device)
-# The whole suite takes longer than one 10-minute device command on the H200: run it in parts,
-# one device command each (times measured there on 2026-11-30, one part at a time):
-#   PART=cuda bash tests/run_gpu.sh       # the files holding the CUDA-only tests (these skip in CI): 53 s
+# The whole suite takes longer than one 10-minute device command on an H200: run it in parts, one
+# device command each, one part at a time (side by side they slow each other past a command's limit,
+# and the `--address auto` test would find another part's Ray):
+#   PART=cuda bash tests/run_gpu.sh       # the files holding the CUDA-only tests (these skip in CI): 4-6 min
 #   PART=search bash tests/run_gpu.sh     # the search service (real Ray, Optuna, MLflow)
-#   PART=modules bash tests/run_gpu.sh    # tests/test_search_*.py, the search modules end to end (bad
-#                                         # input, signals, state, disks, addresses, export): its Ctrl-C
-#                                         # and end-to-end searches take about a minute each there
-#   PART=rest bash tests/run_gpu.sh       # everything else
+#   PART=modules bash tests/run_gpu.sh    # tests/test_search_*.py: bad input, signals, state, disks, export
+#   PART=rest bash tests/run_gpu.sh       # everything else: about 3 min with GPU_WORKERS=6
+#   GPU_WORKERS=6 PART=ray bash tests/run_gpu.sh   # search and modules together, their end-to-end searches
+#                                         # six at a time on the machine's CPU cores (carry .device/wheels),
+#                                         # then the `ray_cluster` tests alone: more than one device command
 # SHARD=i/n runs every n-th test of the part from the i-th (1-based): PART=modules SHARD=1/2, then 2/2.
-# Run the parts one at a time. Side by side (each with its own OUT; the install below is locked)
-# they slow each other down past a device command: on 2026-12-01 cuda took 520 s instead of 53 s
-# beside search and modules (then named hardening), which finished 12 and 8 tests in 10 minutes; and
-# the `--address auto` test (tests/test_search_cluster.py) found the Ray instance the search part had started and failed.
-# On the H200 the search tests run slower than on a 2-core CI machine (the Ctrl-C test: over
-# 140 s against 52 s; on 2026-12-01 the `ray start` test took 180 s, README's main job 186 s, and
-# PART=search finished 13 of its 15 tests in 570 s): run search and modules as SHARD=1/2 and
-# SHARD=2/2, one device command each. On 2026-12-02 PART=search SHARD=1/2 finished 8 of its 9 tests
-# in 480 s: the search and modules parts alone need more device time than a session has.
-#   GPU_WORKERS=6 PART=ray bash tests/run_gpu.sh   # (carry .device/wheels) search and modules
-# together, their end-to-end searches six at a time (they run on the CPU: the 16 cores idle under
-# one at a time), then the `ray_cluster` tests alone. On the 2-core CPU machine, `pytest -n 3 -m
-# "not ray_cluster"` over these files passed all 51 in 1,008 s (2026-12-02). Timed on the H200
-# (2026-12-02, one part at a time): PART=cuda 140 passed, 34 skipped in 87 s; GPU_WORKERS=6
-# PART=rest 320 tests in 181 s; GPU_WORKERS=8 PART=ray finished 33 of its tests (none failed) in
-# the 420 s it was given: eight at a time is not eight times faster there. The whole suite
-# natively is about 15 device minutes: give PART=ray a command of its own. With tests/test_compiled.py
-# in it (real Inductor compiles), PART=cuda took 172 s on 2026-12-02 (151 passed, 34 skipped).
-# (PYTEST_ARGS=... runs whatever pytest arguments you give instead.)
+# The search tests run slower on the H200 machine than on a 2-core CI machine (each search's start-up), so
+# the search and modules parts need SHARD=1/2 and 2/2, or PART=ray, and together more device time than
+# one session's 30 minutes after PART=cuda. PYTEST_ARGS=... runs whatever pytest arguments you give instead.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp}
@@ -37,14 +23,14 @@ mkdir -p "$out" || { echo "tests/run_gpu.sh: cannot make OUT folder $out" >&2; e
 if [ -f .device/site.tar.xz ] && ! python3 -c "import ray, optuna, mlflow" 2>/dev/null; then
   mkdir -p /tmp/site && tar xJf .device/site.tar.xz -C /tmp/site && export PYTHONPATH=/tmp/site
 fi
-# locked: two parts started together raced here and one failed to install (2026-11-30)
+# locked: two parts started together would race to install
 lock=(); command -v flock >/dev/null && lock=(flock /tmp/triaccel-gpu-suite.lock)
 ${lock[@]+"${lock[@]}"} python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
   || { echo "GPU suite: install failed"; exit 2; }
 # GPU_WORKERS=N: pytest-xdist with N workers, its wheels carried in .device/wheels
-# (pip download pytest-xdist execnet -d .device/wheels). Not for PART=cuda: on the H200 six workers
-# were slower than one process there (each compiles the Triton kernels and initialises CUDA;
-# 2026-11-30). With workers, the tests marked ray_cluster run afterwards, alone.
+# (pip download pytest-xdist execnet -d .device/wheels). Not for PART=cuda: six workers are slower
+# than one process there (each compiles the Triton kernels and initialises CUDA). With workers, the
+# tests marked ray_cluster run afterwards, alone.
 if [ -n "${GPU_WORKERS:-}" ] && [ -d .device/wheels ] && ! python3 -c "import xdist" 2>/dev/null; then
   python3 -m pip install -q --no-deps --target /tmp/xdist .device/wheels/*.whl >/dev/null 2>&1 \
     && export PYTHONPATH=/tmp/xdist${PYTHONPATH:+:$PYTHONPATH}
@@ -110,7 +96,7 @@ if [ ${#XDIST[@]} -eq 0 ]; then
   line=$(summary "$out/gpu_tests.log")
 else
   # workers side by side, then the tests that start or look for a shared Ray cluster alone (beside
-  # another test's Ray, `--address auto` joins it: 2026-12-01); exit 5 (none selected) is no failure
+  # another test's Ray, `--address auto` joins it); exit 5 (none selected) is no failure
   # shellcheck disable=SC2086
   python3 -m pytest "${OPTS[@]}" -q -p no:cacheprovider "${XDIST[@]}" -m "not ray_cluster" --junitxml="$out/gpu_tests.xml" \
     ${PYTEST_ARGS:-} ${SEL[@]+"${SEL[@]}"} > "$out/gpu_tests.log" 2>&1
