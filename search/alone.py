@@ -6,7 +6,9 @@ import dataclasses
 import json
 
 from triaccel.errors import ConfigError, TriAccelError, check_stop
+from triaccel.hooks import Callback
 from triaccel.search import cluster
+from triaccel.search.results import TAG_DOMINATED
 from triaccel.search.space import SearchSpace
 from triaccel.search.state import EXPERIMENT, open_store, parent_run, read_outcome
 
@@ -16,6 +18,46 @@ from triaccel.search.state import EXPERIMENT, open_store, parent_run, read_outco
 # search at half its speed and rank it 5th; its own top 3, re-run alone, hold a config that
 # scores 18.2 against 15.3 for the shared winner (the best of all 16 alone: 19.2).
 CONFIRM_WHEN_SHARED = 3
+# A baseline can stop once it cannot become the reference (baseline.stop_dominated): judged after its
+# second epoch (the first holds one-off costs), granting it 100 % accuracy and later epochs this many
+# times faster than its second, its score must still fall below the best finished baseline's.
+DOMINATED_AFTER_EPOCHS = 2
+DOMINATED_SPEEDUP = 2.0
+
+
+def dominated_bound(epoch_time_s: float, peak_gib: float) -> float:
+    """The highest score a run whose steady epoch so far took ``epoch_time_s`` at ``peak_gib`` could
+    reach: 100 % validation accuracy, its later epochs DOMINATED_SPEEDUP times faster, no less memory."""
+    from triaccel.metrics import efficiency_score
+
+    return efficiency_score(100.0, epoch_time_s / DOMINATED_SPEEDUP, max(peak_gib, 1e-6))
+
+
+class StopDominated(Callback):
+    """A trainer callback that stops a baseline run after DOMINATED_AFTER_EPOCHS epochs when
+    ``dominated_bound`` of its figures is below ``best``, the best finished baseline's score; ``why``
+    then says so."""
+
+    def __init__(self, best: float, best_label: str):
+        self.best, self.best_label, self.why = best, best_label, None
+
+    def on_epoch_end(self, tr, m):
+        if tr.epoch != DOMINATED_AFTER_EPOCHS or tr.epoch >= tr.cfg.epochs:
+            return None
+        # after epoch 2 the score's epoch time and peak are epoch 2's own (metrics.steady_epoch_time, run_peak)
+        bound = dominated_bound(m["epoch_time_last5_s"], m["peak_mem_gib"])
+        if bound < self.best:
+            tr.stop = True
+            self.why = f"at most {bound:.2f}, below {self.best_label}'s {self.best:.2f}"
+        return None
+
+
+def baseline_order(label: str) -> tuple:
+    """Run order when baselines may stop dominated: captured + compiled, captured, compiled, eager (the
+    strongest first, so the later ones have a score to fall below), larger batches first within each."""
+    cap, comp = "-captured" in label, "-compiled" in label
+    batch = int(label.split("-B", 1)[1].split("-", 1)[0])
+    return (not (cap and comp), not cap, not comp, -batch)
 
 
 def check_confirm(confirm: int | None) -> None:
@@ -35,7 +77,7 @@ def default_confirm(confirm: int | None, shared: int, gpu: bool | None = None) -
     return 0
 
 
-def run_alone(name: str, uri: str, cfg, tags: dict, label: str) -> dict | None:
+def run_alone(name: str, uri: str, cfg, tags: dict, label: str, callbacks: tuple = ()) -> dict | None:
     """Train one configuration alone on the device, in this process, as a child run of the
     search: the baselines and the confirm re-runs. The summary, or None if it failed. A stop asked
     for since the last run (one whose own exception Python dropped, in that run's clean-up say) ends
@@ -53,7 +95,7 @@ def run_alone(name: str, uri: str, cfg, tags: dict, label: str) -> dict | None:
     cfg.evaluate_test = False
     logger = MLflowLogger(cfg, parent_run_id=tags.pop("parent"), extra_tags={"shared_trials": "1", **tags})
     t0 = time.perf_counter()
-    trainer = build_trainer(cfg, [logger], log=lambda *a: None)
+    trainer = build_trainer(cfg, [logger, *callbacks], log=lambda *a: None)
     try:
         s = trainer.fit()
         s["wall_s"], epoch = time.perf_counter() - t0, trainer.epoch
@@ -80,7 +122,7 @@ def run_baselines(name: str, space: SearchSpace, uri: str, shared: int, fresh: b
     from triaccel.config import TrainConfig, from_dict
     from triaccel.search import baseline_cache
     from triaccel.search.callbacks import TAG_ROLE, TAG_SEARCH
-    from triaccel.search.results import reference, trial_table
+    from triaccel.search.results import is_complete, reference, trial_table
 
     runs = space.baseline_runs()
     if not runs:
@@ -94,6 +136,10 @@ def run_baselines(name: str, space: SearchSpace, uri: str, shared: int, fresh: b
         if b["status"] == "RUNNING":
             c.set_terminated(b["run_id"], status="KILLED")
     todo = [(label, d) for label, d in runs if label not in done]
+    if space.stop_dominated:
+        todo.sort(key=lambda x: baseline_order(x[0]))
+    best = max(((b["metrics"]["efficiency"], b["tags"].get("triaccel.baseline", "?")) for b in have
+                if is_complete(b, space.epochs)), default=None)
     if todo:
         print(f"baselines: static AMP {', '.join(label for label, _ in todo)}, alone, "
               f"{space.epochs} epochs each (what a user would run without the search"
@@ -104,10 +150,19 @@ def run_baselines(name: str, space: SearchSpace, uri: str, shared: int, fresh: b
                 "triaccel.trial_id": f"baseline-{label}", baseline_cache.KEY_TAG: baseline_cache.reuse_key(cfg),
                 "triaccel.values": json.dumps({"mode": "amp", "amp_dtype": d["amp_dtype"], "batch_size": d["batch_size"],
                                                "capture": d["capture"], "compile": d["compile"]})}
-        if not fresh and baseline_cache.reuse(c, exp, name, label, cfg, tags, space.epochs) is not None:
+        m = baseline_cache.reuse(c, exp, name, label, cfg, tags, space.epochs) if not fresh else None
+        stop = StopDominated(*best) if space.stop_dominated and best is not None and m is None else None
+        s = m if m is not None else run_alone(name, uri, cfg, tags, label, callbacks=(stop,) if stop else ())
+        if s is None:
             continue
-        s = run_alone(name, uri, cfg, tags, label)
-        if s is not None:
+        if stop is not None and stop.why:
+            c.set_tag(_run_of(c, exp, name, label), TAG_DOMINATED, stop.why)
+            print(f"baseline {label}: stopped after epoch {DOMINATED_AFTER_EPOCHS} (eff {s['efficiency']:.2f}): "
+                  f"{stop.why}, even at 100 % accuracy with epochs {DOMINATED_SPEEDUP:g}x as fast", flush=True)
+            continue
+        if best is None or s["efficiency"] > best[0]:
+            best = (s["efficiency"], label)
+        if m is None:
             print(f"baseline {label}: eff {s['efficiency']:.2f}  val {s['val_acc']:.2f}%  "
                   f"{s['epoch_time_last5_s']:.2f}s/epoch  {s['peak_mem_gib']:.3f} GiB", flush=True)
     check_stop()  # not into the trials after a stop asked for in the last baseline's end
@@ -119,6 +174,16 @@ def run_baselines(name: str, space: SearchSpace, uri: str, shared: int, fresh: b
           f"a trial more than {space.margin:g} pp below its validation accuracy at the same epoch is infeasible",
           flush=True)
     return ref["curve"]
+
+
+def _run_of(c, exp: str, name: str, label: str) -> str:
+    """The run id of search ``name``'s newest baseline run ``label``."""
+    from triaccel.search.callbacks import TAG_ROLE, TAG_SEARCH
+
+    (r,) = c.search_runs([exp], filter_string=f"tags.`{TAG_SEARCH}` = '{name}' and tags.`{TAG_ROLE}` = 'baseline' "
+                                              f"and tags.`triaccel.baseline` = '{label}'",
+                         order_by=["attributes.start_time DESC"], max_results=1)
+    return r.info.run_id
 
 
 def close_cut_short(name: str, uri: str) -> None:

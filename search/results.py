@@ -31,6 +31,7 @@ from triaccel.errors import ConfigError
 from triaccel.search.space import START
 
 TAG_SEARCH, TAG_ROLE = "triaccel.search", "triaccel.role"
+TAG_DOMINATED = "triaccel.dominated"  # a baseline stopped as unable to become the reference (search.alone)
 DEFAULT_MARGIN_PP = 0.5
 DEFAULT_SECOND_LOOK_PP = 1.0  # how far beyond the margin a trial still earns a second seed
 
@@ -138,6 +139,7 @@ class Outcome:
     margin: float
     band: float = DEFAULT_SECOND_LOOK_PP
     baselines: list = field(default_factory=list)  # complete baselines, best first
+    dominated: list = field(default_factory=list)  # baselines stopped as unable to become the reference
     reference: dict | None = None
     ranked: list = field(default_factory=list)  # complete trials, best measured efficiency first
     stopped: list = field(default_factory=list)  # stopped early (ASHA)
@@ -172,7 +174,8 @@ def outcome(rows: list[dict], confirms: list[dict], baselines: list[dict], epoch
     out = Outcome(epochs=epochs, margin=margin, band=band, reference=ref, trials=len(rows),
                   runs=rows + confirms + baselines + rechecks,
                   baselines=sorted([b for b in baselines if is_complete(b, epochs)],
-                                   key=lambda b: -b["metrics"]["efficiency"]))
+                                   key=lambda b: -b["metrics"]["efficiency"]),
+                  dominated=[b for b in baselines if is_stopped(b, epochs) and b["tags"].get(TAG_DOMINATED)])
     for r in rows:
         if is_complete(r, epochs):
             m = conf.get(r["run_id"], r["metrics"])

@@ -20,6 +20,8 @@ A space file (``spaces/*.yaml``)::
       accuracy_margin: 0.5        # pp a trial may fall below the reference baseline (default 0.5)
       second_look: 1.0            # with the confirm runs: pp beyond the margin a trial is re-run at the
                                   # next seed beside the reference, judged by the mean gap (1.0; 0: never)
+      stop_dominated: false       # stop a baseline after its second epoch when even 100 % accuracy and
+                                  # later epochs twice as fast would leave it below the best finished one
     start:                        # trials Optuna runs first, as given (any subset of the params;
       - {triaccel.precision.tau_low: 1000.0}   # the rest sampled): a known-good point to beat
     params:                       # the searched keys (dotted TrainConfig paths); tau in units of the median
@@ -66,7 +68,7 @@ from triaccel.search.params import EPS, FRAC_SUFFIX, Param, field_error, number,
 TOP_KEYS = {"name", "objective", "trials", "concurrency", "gpus_per_trial", "cpus_per_trial", "scheduler",
             "sampler", "near_best", "seed", "grace_period", "train", "params", "description", "baseline", "start",
             "production_epochs", "judge_seeds"}
-BASELINE_KEYS = {"batch_sizes", "amp_dtypes", "capture", "compile", "accuracy_margin", "second_look"}
+BASELINE_KEYS = {"batch_sizes", "amp_dtypes", "capture", "compile", "accuracy_margin", "second_look", "stop_dominated"}
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead")
 MAX_TRIALS = 10_000  # Tune rewrites its state, every trial in it, after every event: more is a typo
 
@@ -95,6 +97,7 @@ class SearchSpace:
     baseline_compile: tuple = (None,)  # compile modes, None: eager forward
     margin: float = 0.5
     second_look: float = 1.0  # pp beyond the margin that earns a trial a second seed (results.to_recheck)
+    stop_dominated: bool = False  # baselines that cannot become the reference stop at epoch 2 (search.alone)
     start: tuple = ()  # points to evaluate first, in Optuna's names (``sampled``)
     # the length a user trains the export for; the judge (triaccel.search.judge) re-runs the leading
     # trials and the reference there, paired by seed, over judge_seeds seeds. None: no such judging
@@ -450,9 +453,12 @@ def _baseline(src: str, spec, base: TrainConfig) -> dict:
     look = number(src, "baseline.second_look", spec.get("second_look", 1.0), "second_look")
     if not 0 <= look <= 100:
         raise field_error(src, "baseline.second_look", f"must be in [0, 100] (percentage points), got {look}")
+    stop = spec.get("stop_dominated", False)
+    if not isinstance(stop, bool):
+        raise field_error(src, "baseline.stop_dominated", f"must be true or false, got {stop!r}")
     return dict(baseline_batches=tuple(sorted(set(sizes))), baseline_dtypes=tuple(dict.fromkeys(dtypes)),
                 baseline_capture=tuple(dict.fromkeys(capture)), baseline_compile=tuple(dict.fromkeys(modes)),
-                margin=float(margin), second_look=float(look))
+                margin=float(margin), second_look=float(look), stop_dominated=stop)
 
 
 def resolve_space_path(path: str) -> Path:

@@ -18,7 +18,7 @@ def cell(v) -> str:
 def print_table(o, space) -> None:
     """Baselines, then every trial: the ranked ones, those ASHA stopped early, those that failed."""
     from triaccel.search.cli import SCORE
-    from triaccel.search.results import fmt
+    from triaccel.search.results import TAG_DOMINATED, fmt
 
     keys = list(space.params)
     names = headers(keys)
@@ -32,6 +32,9 @@ def print_table(o, space) -> None:
         r = m["efficiency"] / o.reference["metrics"]["efficiency"]
         print(f"{'base':>5} {b['tags'].get('triaccel.baseline', '?'):>22} {m['efficiency']:8.2f} {r:6.2f} "
               f"{m['val_acc']:6.2f} {'':>6} {m['epoch_time_last5_s']:6.2f} {m['peak_mem_gib']:6.3f}")
+    for b in o.dominated:
+        print(f"{'base':>5} {b['tags'].get('triaccel.baseline', '?'):>22} stopped after epoch "
+              f"{int(b['metrics'].get('epoch', 0))}: {b['tags'][TAG_DOMINATED]}")
     for i, x in enumerate(o.ranked):
         m = x.measured
         tags = x.row.get("tags", {})

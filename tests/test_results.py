@@ -72,6 +72,21 @@ def test_pick_baseline_is_the_reference_static_run_even_when_a_trial_wins():
         R.pick(R.outcome([run("fast", 300.0, 85.0)], [], [], epochs=4), "efficiency", "baseline")
 
 
+def test_a_baseline_stopped_as_dominated_is_never_the_reference_and_the_summary_says_why(capsys):
+    from triaccel.search.space import parse_space
+    from triaccel.search.summary import print_table
+
+    why = "at most 40.00, below b512's 70.00"
+    dom = run("b64", 900.0, 50.0, epoch=2, role="baseline", **{R.TAG_DOMINATED: why})  # its epoch-2 figures
+    o = R.outcome([run("a", 90.0, 83.5)], [], BASE + [dom], epochs=4)
+    assert o.reference["run_id"] == "b512" and [b["run_id"] for b in o.dominated] == ["b64"]
+    assert "b64" not in [b["run_id"] for b in o.baselines]
+    space = parse_space({"train": {"epochs": 4}, "params": {"optim.lr": {"distribution": "uniform", "low": 0.1, "high": 1}}},
+                        source="s.yaml")
+    print_table(o, space)
+    assert f"b64 stopped after epoch 2: {why}" in capsys.readouterr().out
+
+
 def test_pareto_picks_only_feasible_members():
     rows = [run("acc", 50.0, 86.0, t=2.0), run("fast", 90.0, 83.0, t=0.5), run("inacc", 300.0, 60.0, t=0.1)]
     o = R.outcome(rows, [], BASE, epochs=4)

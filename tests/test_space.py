@@ -180,6 +180,7 @@ _EVERY = "triaccel.control_every"
      "baseline.accuracy_margin: accuracy_margin must be a finite number, got nan"),
     (_with(baseline={"second_look": -1}), "baseline.second_look: must be in [0, 100] (percentage points), got -1"),
     (_with(baseline={"second_look": "x"}), "baseline.second_look: second_look must be a number, got 'x'"),
+    (_with(baseline={"stop_dominated": "yes"}), "baseline.stop_dominated: must be true or false, got 'yes'"),
     # its captured baselines could not be built, and were only after the eager ones had trained
     ({"train": {"epochs": 2, "compile": "reduce-overhead"}, "baseline": {"batch_sizes": [64], "capture": [False, True]},
       "params": {"optim.lr": {"distribution": "uniform", "low": 0.1, "high": 0.2}}},
