@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import env, write  # noqa: E402
 
 METRICS = ("efficiency", "val_acc", "epoch_time_last5_s", "peak_mem_gib")
+MACHINE = ("gpu", "torch", "git_revision")  # run tags: what trained the judge runs (triaccel.tracking.machine_tags)
 BASELINE = "baseline"
 
 
@@ -27,8 +28,9 @@ def stat(xs: list[float]) -> dict:
     return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
 
 
-def judge_runs(store: str, search: str) -> tuple[dict, dict]:
-    """({trial id or BASELINE: {seed: metrics}}, {trial id or BASELINE: label}) of the search's judge runs."""
+def judge_runs(store: str, search: str) -> tuple[dict, dict, dict]:
+    """({trial id or BASELINE: {seed: metrics}}, {trial id or BASELINE: label}, {tag: values}) of the search's
+    judge runs; the last holds the sets of their machine tags (gpu, torch, git_revision)."""
     from mlflow.tracking import MlflowClient
 
     c = MlflowClient(store)
@@ -39,16 +41,37 @@ def judge_runs(store: str, search: str) -> tuple[dict, dict]:
                 for r in c.search_runs(exps, f"tags.`triaccel.search` = '{search}'", max_results=5000)}
     out: dict = {}
     labels: dict = {}
+    machine: dict = {k: set() for k in MACHINE}
     for r in runs:
         if r.info.status != "FINISHED":
             continue
+        for k in MACHINE:
+            machine[k].add(r.data.tags.get(k))
         key = r.data.tags.get("triaccel.judges")
         name = BASELINE if key == BASELINE else (trial_of.get(key) or key)
         if key == BASELINE:
             labels[name] = r.data.tags.get("triaccel.baseline", "reference baseline")
         seed = int(r.data.tags["triaccel.seed"])
         out.setdefault(name, {})[seed] = {k: r.data.metrics[k] for k in METRICS if k in r.data.metrics}
-    return out, labels
+    return out, labels, machine
+
+
+def trained_env(machine: dict) -> dict:
+    """This file's env: the reader's, with the GPU, torch and git revision the judge runs recorded where
+    they all agree (the runs were trained on the GPU; this file is read from their store anywhere)."""
+    e = env()
+    one = {k: next(iter(v)) for k, v in machine.items() if len(v) == 1 and None not in v}
+    if one.get("gpu") and one["gpu"] != "cpu":
+        e.update(gpu=one["gpu"], read_on="the judge runs were trained on this GPU; this file was read from the "
+                                          "search's MLflow store afterwards")
+        e.pop("note", None)
+    if one.get("torch"):
+        e["torch"] = one["torch"]
+    if one.get("git_revision"):
+        rev = one["git_revision"]
+        e.update(git_rev=rev.removesuffix("-dirty"), git_dirty=rev.endswith("-dirty"),
+                 git_rev_source="the judge runs' git_revision tag")
+    return e
 
 
 def main(argv=None) -> int:
@@ -60,7 +83,7 @@ def main(argv=None) -> int:
                     help="what a judged trial was (a start point, a sampled trial)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    runs, labels = judge_runs(a.store, a.search)
+    runs, labels, machine = judge_runs(a.store, a.search)
     if BASELINE not in runs:
         print(f"judge_table: no finished judge runs of the reference in search '{a.search}'", file=sys.stderr)
         return 2
@@ -78,7 +101,7 @@ def main(argv=None) -> int:
             seeds = sorted(set(per_seed) & set(ref))
             ratios = [per_seed[s]["efficiency"] / ref[s]["efficiency"] for s in seeds]
             paired[name[k]] = {"seeds": seeds, "ratios": ratios, **stat(ratios)}
-    write(a.out, {"env": env(), "what": f"the judge runs of search '{a.search}': each judged trial and the "
+    write(a.out, {"env": trained_env(machine), "what": f"the judge runs of search '{a.search}': each judged trial and the "
                                         f"reference baseline alone at the production length, paired by seed",
                   "search": a.search, "reference": labels[BASELINE],
                   "runs": {name[k]: {str(s): v for s, v in sorted(r.items())} for k, r in runs.items()},

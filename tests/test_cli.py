@@ -113,6 +113,9 @@ def test_train_logs_run_to_sqlite_store(tmp_path):
     assert len(c.get_metric_history(run.info.run_id, "val_acc")) == 3
     assert run.data.metrics["final_test_acc"] > 50
     assert "git_revision" in run.data.tags
+    import torch
+
+    assert run.data.tags["gpu"] == "cpu" and run.data.tags["torch"] == torch.__version__  # what trained it
     arts = [a.path for a in c.list_artifacts(run.info.run_id)]
     assert "config.yaml" in arts
     assert (tmp_path / "mlruns" / "artifacts").is_dir()

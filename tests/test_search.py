@@ -647,3 +647,9 @@ def test_the_judge_pairs_trial_and_reference_by_seed_at_the_production_length(tm
     assert table["paired_ratio_to_reference"]["exported"]["seeds"] == [0, 1]
     (static,) = [k for k in table["summary"] if k.startswith("static amp")]
     assert table["summary"][static]["efficiency"]["n"] == 2 and "B=" in static
+    # what trained the runs, as their tags recorded it (a CPU here: no GPU is claimed)
+    import torch
+
+    assert table["env"]["torch"] == torch.__version__ and table["env"]["gpu"] is None
+    assert table["env"]["git_rev_source"] == "the judge runs' git_revision tag"
+    assert table["env"]["git_rev"] == by[("baseline", 0)].data.tags["git_revision"].removesuffix("-dirty")

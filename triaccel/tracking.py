@@ -242,6 +242,15 @@ def log_yaml_artifact(c, run_id: str, data: dict, name: str, artifact_path: str 
         c.log_artifact(run_id, str(p), artifact_path)
 
 
+def machine_tags(device) -> dict:
+    """What trained a run, beside its git revision: the GPU's name (``gpu``, "cpu" on a CPU) and torch's
+    version, so that a figure read back from the store says which machine it is from."""
+    import torch
+
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return {"gpu": gpu, "torch": torch.__version__}
+
+
 class MLflowLogger(Callback):
     """Logs one training run: params (the resolved config, flattened), per-epoch metrics,
     the resolved config as an artifact, tags (git revision, device, mode), final summary."""
@@ -258,7 +267,7 @@ class MLflowLogger(Callback):
         self.client = client(tc.tracking_uri)
         exp = ensure_experiment(self.client, tc.experiment, key="tracking.experiment")
         tags = {"git_revision": git_revision(), "device": str(trainer.device), "mode": self.cfg.mode,
-                "mem_source": trainer.meter.source, **self.extra_tags}
+                "mem_source": trainer.meter.source, **machine_tags(trainer.device), **self.extra_tags}
         if self.parent_run_id:
             tags["mlflow.parentRunId"] = self.parent_run_id
         run = self.client.create_run(exp, run_name=tc.run_name, tags=tags)
