@@ -61,6 +61,33 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=rank)  # stable: each kind keeps its files' order
 
 
+@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")  # after xdist's own hook
+def pytest_collection_modifyitems_group_suffix(config, items):
+    """The "@group" suffix of each grouped test's nodeid, which ``--dist loadgroup`` schedules by.
+
+    pytest-xdist's worker appends it in its own collection hook by setting ``item._nodeid``; since
+    pytest 9.2 a node's id lives in ``item._id`` (a NodeId) and that assignment changes nothing, so
+    every worker that drew a test of a module fixture built the fixture again (the build-on
+    fixture's three searches three times over). Here the suffix is set as xdist means it, in this
+    pytest's attribute; a nodeid that already carries it (xdist on an older pytest) is left as it is."""
+    if not getattr(config.option, "loadgroup", False):  # set on xdist's workers under --dist loadgroup
+        return
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        if not names:
+            continue
+        if item.nodeid.endswith("@" + "_".join(names)):  # xdist's own, where it takes
+            continue
+        suffixed = f"{item.nodeid}@{'_'.join(names)}"
+        if hasattr(item, "_id"):  # pytest >= 9.2
+            from _pytest.nodeid import NodeId
+
+            item._id = NodeId.parse(suffixed)
+        else:
+            item._nodeid = suffixed
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """A ``ray_cluster`` test runs with no other test beside it (its `ray start` cluster, `ray stop
