@@ -42,7 +42,24 @@ if XDIST:
 
 # tests that a module-scoped fixture serves (one search read back by many tests) run in one
 # worker, which builds the fixture once; the longest kinds of test are handed out first
-_ORDER = {"ray_cluster": 0, "group": 1, "slow": 2}
+_ORDER = {"ray_cluster": 0, "ray_free": 1, "group": 2, "slow": 3}
+
+# Test modules that start no Ray, neither in this process nor in any process they start (unit tests,
+# `triaccel train` and `triaccel profile`, which never import Ray): their tests take no lock and run
+# beside a `ray_cluster` test, whose `ray stop --force` and `--address auto` concern Ray processes
+# alone. The `ray_cluster` tests are one group (one worker runs them, one after another, first);
+# these are handed out next, so the other workers train beside them instead of waiting.
+RAY_FREE = frozenset({
+    "test_callbacks.py", "test_capture.py", "test_compiled.py", "test_config.py", "test_conftest.py",
+    "test_control.py", "test_controllers.py", "test_curvature.py", "test_data.py", "test_docs.py",
+    "test_errors.py", "test_kernels.py", "test_metrics.py", "test_profile.py", "test_progress.py",
+    "test_results.py", "test_scaler.py", "test_search_sampler.py", "test_store_lock.py", "test_tracking.py",
+    "test_trainer.py",
+})
+
+
+def ray_free(item) -> bool:
+    return item.path.name in RAY_FREE
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
@@ -50,6 +67,8 @@ def pytest_collection_modifyitems(config, items):
     def rank(item):
         if item.get_closest_marker("ray_cluster"):
             return _ORDER["ray_cluster"]
+        if ray_free(item):
+            return _ORDER["ray_free"]
         if any(m.name == "xdist_group" for m in item.iter_markers()):
             return _ORDER["group"]
         return _ORDER["slow"] if item.get_closest_marker("slow") else len(_ORDER)
@@ -58,6 +77,8 @@ def pytest_collection_modifyitems(config, items):
         defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
         if any(d.scope == "module" for fds in defs.values() for d in fds):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+        if item.get_closest_marker("ray_cluster"):
+            item.add_marker(pytest.mark.xdist_group("ray_cluster"))
     items.sort(key=rank)  # stable: each kind keeps its files' order
 
 
@@ -94,8 +115,8 @@ def pytest_runtest_protocol(item, nextitem):
     --force`, `--address auto` finding any running Ray): every test holds a shared lock ("room")
     from its set-up to its tear-down, module fixtures included; a ``ray_cluster`` test holds it alone,
     and holds the "turnstile" while it waits so no new test slips in ahead of it (flock has no
-    writer preference). One process: no locks."""
-    if not XDIST:
+    writer preference). A test of a ``RAY_FREE`` module takes no lock. One process: no locks."""
+    if not XDIST or ray_free(item):
         yield
         return
     import fcntl
