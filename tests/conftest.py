@@ -109,33 +109,55 @@ def pytest_collection_modifyitems_group_suffix(config, items):
             item._nodeid = suffixed
 
 
+_ALONE: list = []  # the lock files a run of ray_cluster tests holds, from the first's set-up to the last's tear-down
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """A ``ray_cluster`` test runs with no other test beside it (its `ray start` cluster, `ray stop
     --force`, `--address auto` finding any running Ray): every test holds a shared lock ("room")
     from its set-up to its tear-down, module fixtures included; a ``ray_cluster`` test holds it alone,
     and holds the "turnstile" while it waits so no new test slips in ahead of it (flock has no
-    writer preference). A test of a ``RAY_FREE`` module takes no lock. One process: no locks."""
+    writer preference). The ``ray_cluster`` tests are one group, run one after another by one worker:
+    it keeps both locks from the first one's set-up to the last one's tear-down, since between two of
+    them the other workers would start tests that the next one then waits for while they run. A test
+    of a ``RAY_FREE`` module takes no lock. One process: no locks."""
     if not XDIST or ray_free(item):
         yield
         return
     import fcntl
 
     folder = Path(item.config._tmp_path_factory.getbasetemp()).parent  # shared by the workers of one run
-    alone = item.get_closest_marker("ray_cluster") is not None
+    if item.get_closest_marker("ray_cluster") is not None:
+        if not _ALONE:
+            gate, room = open(folder / "triaccel-turnstile.lock", "a"), open(folder / "triaccel-room.lock", "a")
+            try:
+                fcntl.flock(gate, fcntl.LOCK_EX)
+                fcntl.flock(room, fcntl.LOCK_EX)
+            except BaseException:
+                room.close()
+                gate.close()
+                raise
+            _ALONE[:] = [gate, room]
+        try:
+            yield
+        finally:
+            if nextitem is None or nextitem.get_closest_marker("ray_cluster") is None:
+                gate, room = _ALONE
+                _ALONE.clear()
+                room.close()  # closing a file releases its flock
+                gate.close()
+        return
     with open(folder / "triaccel-turnstile.lock", "a") as gate, open(folder / "triaccel-room.lock", "a") as room:
         fcntl.flock(gate, fcntl.LOCK_EX)
         try:
-            fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+            fcntl.flock(room, fcntl.LOCK_SH)
         finally:
-            if not alone:
-                fcntl.flock(gate, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
         try:
             yield
         finally:
             fcntl.flock(room, fcntl.LOCK_UN)
-            if alone:
-                fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 @functools.lru_cache(maxsize=None)
