@@ -121,8 +121,8 @@ def run_baselines(name: str, space: SearchSpace, uri: str, shared: int, fresh: b
     baseline's per-epoch validation accuracy: the curve every trial's accuracy is held to."""
     from triaccel.config import TrainConfig, from_dict
     from triaccel.search import baseline_cache
-    from triaccel.search.callbacks import TAG_ROLE, TAG_SEARCH
     from triaccel.search.results import is_complete, reference, trial_table
+    from triaccel.search.tags import TAG_ROLE, TAG_SEARCH
 
     runs = space.baseline_runs()
     if not runs:
@@ -178,7 +178,7 @@ def run_baselines(name: str, space: SearchSpace, uri: str, shared: int, fresh: b
 
 def _run_of(c, exp: str, name: str, label: str) -> str:
     """The run id of search ``name``'s newest baseline run ``label``."""
-    from triaccel.search.callbacks import TAG_ROLE, TAG_SEARCH
+    from triaccel.search.tags import TAG_ROLE, TAG_SEARCH
 
     (r,) = c.search_runs([exp], filter_string=f"tags.`{TAG_SEARCH}` = '{name}' and tags.`{TAG_ROLE}` = 'baseline' "
                                               f"and tags.`triaccel.baseline` = '{label}'",
@@ -189,7 +189,7 @@ def _run_of(c, exp: str, name: str, label: str) -> str:
 def close_cut_short(name: str, uri: str) -> None:
     """Confirm and second-look runs a crash left RUNNING are closed KILLED (the rules never read
     them; ``resume`` runs them again), as the baselines' are."""
-    from triaccel.search.callbacks import TAG_ROLE, TAG_SEARCH
+    from triaccel.search.tags import TAG_ROLE, TAG_SEARCH
 
     c, exp = open_store(uri)
     for role in ("confirm", "recheck"):
@@ -200,7 +200,7 @@ def close_cut_short(name: str, uri: str) -> None:
 
 def _confirm_one(name: str, space: SearchSpace, uri: str, parent: str, r: dict) -> None:
     """One trial's configuration re-run alone, at its own seed: a confirm run."""
-    from triaccel.search.callbacks import TAG_ROLE, TAG_SEARCH
+    from triaccel.search.tags import TAG_ROLE, TAG_SEARCH
 
     print(f"confirm {r['trial_id']}: re-running alone ...", flush=True)
     s = run_alone(name, uri, space.train_config(r["values"]),
@@ -243,7 +243,7 @@ def second_look(name: str, space: SearchSpace, uri: str, k: int) -> None:
     spaces/cifar10_resnet18.yaml, level with static over 3 seeds on the JPEG space, fall 0.72
     and 0.82 pp below the reference's one seed)."""
     from triaccel.config import TrainConfig, from_dict
-    from triaccel.search.callbacks import TAG_ROLE, TAG_SEARCH
+    from triaccel.search.tags import TAG_ROLE, TAG_SEARCH
     from triaccel.search.results import second_looks, to_recheck, trial_table
 
     o = read_outcome(name, space, uri)

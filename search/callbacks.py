@@ -19,12 +19,10 @@ from ray.tune import Callback
 
 from triaccel.config import flatten
 from triaccel.search.space import CONTROLLER_DEFAULTS, NEAR, START
+from triaccel.search.tags import NODE_TAG, TAG_ROLE, TAG_SEARCH, TAG_TRIAL  # noqa: F401 (names of this module)
 from triaccel.search.trainable import NODE_KEY
 from triaccel.tracking import client as make_client
 from triaccel.tracking import ensure_experiment, git_revision, log_metrics, log_params, log_yaml_artifact
-
-TAG_SEARCH, TAG_ROLE, TAG_TRIAL = "triaccel.search", "triaccel.role", "triaccel.trial_id"
-NODE_TAG = "triaccel.ray_node_id"  # the Ray node a trial trained on (its last, if a resume moved it)
 
 
 def failure_reason(trial) -> str:

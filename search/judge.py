@@ -100,7 +100,7 @@ def run_judge(name: str, space: SearchSpace, uri: str, k: int) -> None:
     """Train the top K feasible trials and the reference alone at the production length, seed by seed
     (each seed's pairs run back to back, so drift falls on both alike); finished pairs are kept."""
     from triaccel.config import TrainConfig, from_dict
-    from triaccel.search.callbacks import TAG_ROLE, TAG_SEARCH
+    from triaccel.search.tags import TAG_ROLE, TAG_SEARCH
     from triaccel.search.results import trial_table
     from triaccel.search.alone import run_alone
     from triaccel.search.state import open_store, parent_run, read_outcome

@@ -183,7 +183,7 @@ def absolute_store(uri: str) -> str:
 def name_unused_in_store(name: str, uri: str, path: Path) -> None:
     """A new search's name has no runs in the store: with its Tune state deleted (mlruns/tune/NAME), a new
     search of that name would take the old baseline and parent run and rank the old trials with its own."""
-    from triaccel.search.callbacks import TAG_SEARCH
+    from triaccel.search.tags import TAG_SEARCH
 
     c, exp = open_store(uri)
     if c.search_runs([exp], filter_string=f"tags.`{TAG_SEARCH}` = '{name}'", max_results=1):
@@ -214,7 +214,7 @@ def read_outcome(name: str, space: SearchSpace, uri: str):
 def parent_run(name: str, space: SearchSpace, uri: str, shared: int | None = None) -> str:
     """The search's parent MLflow run, created once (by the baselines, or by the Tune callback
     where there are none); ``shared``: trials sharing a device, recorded when it is created."""
-    from triaccel.search.callbacks import TAG_ROLE, TAG_SEARCH
+    from triaccel.search.tags import TAG_ROLE, TAG_SEARCH
     from triaccel.tracking import git_revision, log_yaml_artifact
 
     c, exp = open_store(uri)
@@ -232,7 +232,7 @@ def parent_run(name: str, space: SearchSpace, uri: str, shared: int | None = Non
 def search_finished(name: str, uri: str) -> bool | None:
     """Whether the search ran to its end: its parent run is closed FINISHED (only ``finish`` does that);
     None when the store holds no parent run to tell."""
-    from triaccel.search.callbacks import TAG_ROLE, TAG_SEARCH
+    from triaccel.search.tags import TAG_ROLE, TAG_SEARCH
 
     c, exp = open_store(uri)
     parents = c.search_runs([exp], filter_string=f"tags.`{TAG_SEARCH}` = '{name}' and tags.`{TAG_ROLE}` = 'parent'",
@@ -242,7 +242,7 @@ def search_finished(name: str, uri: str) -> bool | None:
 
 def close_running(name: str, uri: str) -> None:
     """The search's runs still RUNNING in MLflow, closed KILLED (``resume`` reopens those it continues)."""
-    from triaccel.search.callbacks import TAG_SEARCH
+    from triaccel.search.tags import TAG_SEARCH
 
     c, exp = open_store(uri)
     for r in c.search_runs([exp], filter_string=f"tags.`{TAG_SEARCH}` = '{name}' and attributes.status = 'RUNNING'",
@@ -253,7 +253,7 @@ def close_running(name: str, uri: str) -> None:
 def close_orphan_trials(name: str, uri: str) -> None:
     """Trial runs a driver opened in MLflow before Tune saved any state: they can never resume
     (their trials are not in Tune's state), so they are closed KILLED as new trials start."""
-    from triaccel.search.callbacks import TAG_ROLE, TAG_SEARCH
+    from triaccel.search.tags import TAG_ROLE, TAG_SEARCH
 
     c, exp = open_store(uri)
     for r in c.search_runs([exp], filter_string=f"tags.`{TAG_SEARCH}` = '{name}' and tags.`{TAG_ROLE}` = 'trial' "

@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from triaccel.config import to_dict
-from triaccel.trainer import Callback
+from triaccel.hooks import Callback
 
 # val_ppl: a language model's (sequence targets) only
 REPORT_KEYS = ("epoch", "train_loss", "val_acc", "val_loss", "val_ppl", "epoch_time_s", "epoch_time_last5_s",

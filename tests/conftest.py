@@ -42,7 +42,25 @@ if XDIST:
 
 # tests that a module-scoped fixture serves (one search read back by many tests) run in one
 # worker, which builds the fixture once; the longest kinds of test are handed out first
-_ORDER = {"ray_cluster": 0, "group": 1, "slow": 2}
+_ORDER = {"ray_cluster": 0, "ray_free": 1, "group": 2, "slow": 3}
+
+# Test modules that start no Ray, neither in this process nor in any process they start (unit tests,
+# `triaccel train` and `triaccel profile`, which never import Ray): their tests take no lock and run
+# beside a `ray_cluster` test, whose `ray stop --force` and `--address auto` concern Ray processes
+# alone. The `ray_cluster` tests are one group (one worker runs them, one after another, first);
+# these are handed out next, so the other workers train beside them instead of waiting.
+RAY_FREE = frozenset({
+    "test_callbacks.py", "test_capture.py", "test_compiled.py", "test_config.py", "test_conftest.py",
+    "test_control.py", "test_controllers.py", "test_curvature.py", "test_data.py", "test_docs.py",
+    "test_errors.py", "test_kernels.py", "test_metrics.py", "test_profile.py", "test_progress.py",
+    "test_results.py", "test_scaler.py", "test_search_alone.py", "test_search_sampler.py", "test_store_lock.py",
+    "test_tracking.py",
+    "test_trainer.py",
+})
+
+
+def ray_free(item) -> bool:
+    return item.path.name in RAY_FREE
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
@@ -50,6 +68,8 @@ def pytest_collection_modifyitems(config, items):
     def rank(item):
         if item.get_closest_marker("ray_cluster"):
             return _ORDER["ray_cluster"]
+        if ray_free(item):
+            return _ORDER["ray_free"]
         if any(m.name == "xdist_group" for m in item.iter_markers()):
             return _ORDER["group"]
         return _ORDER["slow"] if item.get_closest_marker("slow") else len(_ORDER)
@@ -58,7 +78,39 @@ def pytest_collection_modifyitems(config, items):
         defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
         if any(d.scope == "module" for fds in defs.values() for d in fds):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+        if item.get_closest_marker("ray_cluster"):
+            item.add_marker(pytest.mark.xdist_group("ray_cluster"))
     items.sort(key=rank)  # stable: each kind keeps its files' order
+
+
+@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")  # after xdist's own hook
+def pytest_collection_modifyitems_group_suffix(config, items):
+    """The "@group" suffix of each grouped test's nodeid, which ``--dist loadgroup`` schedules by.
+
+    pytest-xdist's worker appends it in its own collection hook by setting ``item._nodeid``; since
+    pytest 9.2 a node's id lives in ``item._id`` (a NodeId) and that assignment changes nothing, so
+    every worker that drew a test of a module fixture built the fixture again (the build-on
+    fixture's three searches three times over). Here the suffix is set as xdist means it, in this
+    pytest's attribute; a nodeid that already carries it (xdist on an older pytest) is left as it is."""
+    if not getattr(config.option, "loadgroup", False):  # set on xdist's workers under --dist loadgroup
+        return
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        if not names:
+            continue
+        if item.nodeid.endswith("@" + "_".join(names)):  # xdist's own, where it takes
+            continue
+        suffixed = f"{item.nodeid}@{'_'.join(names)}"
+        if hasattr(item, "_id"):  # pytest >= 9.2
+            from _pytest.nodeid import NodeId
+
+            item._id = NodeId.parse(suffixed)
+        else:
+            item._nodeid = suffixed
+
+
+_ALONE: list = []  # the lock files a run of ray_cluster tests holds, from the first's set-up to the last's tear-down
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -67,27 +119,46 @@ def pytest_runtest_protocol(item, nextitem):
     --force`, `--address auto` finding any running Ray): every test holds a shared lock ("room")
     from its set-up to its tear-down, module fixtures included; a ``ray_cluster`` test holds it alone,
     and holds the "turnstile" while it waits so no new test slips in ahead of it (flock has no
-    writer preference). One process: no locks."""
-    if not XDIST:
+    writer preference). The ``ray_cluster`` tests are one group, run one after another by one worker:
+    it keeps both locks from the first one's set-up to the last one's tear-down, since between two of
+    them the other workers would start tests that the next one then waits for while they run. A test
+    of a ``RAY_FREE`` module takes no lock. One process: no locks."""
+    if not XDIST or ray_free(item):
         yield
         return
     import fcntl
 
     folder = Path(item.config._tmp_path_factory.getbasetemp()).parent  # shared by the workers of one run
-    alone = item.get_closest_marker("ray_cluster") is not None
+    if item.get_closest_marker("ray_cluster") is not None:
+        if not _ALONE:
+            gate, room = open(folder / "triaccel-turnstile.lock", "a"), open(folder / "triaccel-room.lock", "a")
+            try:
+                fcntl.flock(gate, fcntl.LOCK_EX)
+                fcntl.flock(room, fcntl.LOCK_EX)
+            except BaseException:
+                room.close()
+                gate.close()
+                raise
+            _ALONE[:] = [gate, room]
+        try:
+            yield
+        finally:
+            if nextitem is None or nextitem.get_closest_marker("ray_cluster") is None:
+                gate, room = _ALONE
+                _ALONE.clear()
+                room.close()  # closing a file releases its flock
+                gate.close()
+        return
     with open(folder / "triaccel-turnstile.lock", "a") as gate, open(folder / "triaccel-room.lock", "a") as room:
         fcntl.flock(gate, fcntl.LOCK_EX)
         try:
-            fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+            fcntl.flock(room, fcntl.LOCK_SH)
         finally:
-            if not alone:
-                fcntl.flock(gate, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
         try:
             yield
         finally:
             fcntl.flock(room, fcntl.LOCK_UN)
-            if alone:
-                fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 @functools.lru_cache(maxsize=None)

@@ -20,7 +20,7 @@ import yaml
 
 from triaccel.config import flatten, to_dict
 from triaccel.errors import ConfigError
-from triaccel.trainer import Callback
+from triaccel.hooks import Callback
 
 DEFAULT_URI = "sqlite:///mlruns/mlflow.db"
 # Against an MLflow server, MLflow prints two link lines (run, experiment) each time a run ends: a search's
