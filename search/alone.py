@@ -8,9 +8,9 @@ import json
 from triaccel.errors import ConfigError, TriAccelError, check_stop
 from triaccel.hooks import Callback
 from triaccel.search import cluster
-from triaccel.search.results import TAG_DOMINATED
 from triaccel.search.space import SearchSpace
 from triaccel.search.state import EXPERIMENT, open_store, parent_run, read_outcome
+from triaccel.search.tags import TAG_DOMINATED
 
 
 # Re-run this many of the best alone when trials shared a GPU. Measured on an H200
@@ -52,12 +52,12 @@ class StopDominated(Callback):
         return None
 
 
-def baseline_order(label: str) -> tuple:
-    """Run order when baselines may stop dominated: captured + compiled, captured, compiled, eager (the
-    strongest first, so the later ones have a score to fall below), larger batches first within each."""
-    cap, comp = "-captured" in label, "-compiled" in label
-    batch = int(label.split("-B", 1)[1].split("-", 1)[0])
-    return (not (cap and comp), not cap, not comp, -batch)
+def baseline_order(train: dict) -> tuple:
+    """Run order of baselines (their train dicts) when they may stop dominated: captured + compiled,
+    captured, compiled, eager (the strongest first, so the later ones have a score to fall below),
+    larger batches first within each."""
+    cap, comp = bool(train["capture"]), train["compile"] is not None
+    return (not (cap and comp), not cap, not comp, -train["batch_size"])
 
 
 def check_confirm(confirm: int | None) -> None:
@@ -79,9 +79,9 @@ def default_confirm(confirm: int | None, shared: int, gpu: bool | None = None) -
 
 def run_alone(name: str, uri: str, cfg, tags: dict, label: str, callbacks: tuple = ()) -> dict | None:
     """Train one configuration alone on the device, in this process, as a child run of the
-    search: the baselines and the confirm re-runs. The summary, or None if it failed. A stop asked
-    for since the last run (one whose own exception Python dropped, in that run's clean-up say) ends
-    the search here, before this run starts."""
+    search: the baselines and the confirm re-runs. The summary (with its MLflow ``run_id``), or None
+    if it failed. A stop asked for since the last run (one whose own exception Python dropped, in that
+    run's clean-up say) ends the search here, before this run starts."""
     import time
 
     from triaccel.control import build_trainer
@@ -111,6 +111,7 @@ def run_alone(name: str, uri: str, cfg, tags: dict, label: str, callbacks: tuple
                                                "peak_mem_gib": s["peak_mem_gib"], "epoch": epoch,
                                                "wall_s": s["wall_s"], "gpu_share": 1.0}, step=epoch)
     logger.finish()
+    s["run_id"] = logger.run_id
     return s
 
 
@@ -137,7 +138,7 @@ def run_baselines(name: str, space: SearchSpace, uri: str, shared: int, fresh: b
             c.set_terminated(b["run_id"], status="KILLED")
     todo = [(label, d) for label, d in runs if label not in done]
     if space.stop_dominated:
-        todo.sort(key=lambda x: baseline_order(x[0]))
+        todo.sort(key=lambda x: baseline_order(x[1]))
     best = max(((b["metrics"]["efficiency"], b["tags"].get("triaccel.baseline", "?")) for b in have
                 if is_complete(b, space.epochs)), default=None)
     if todo:
@@ -156,7 +157,7 @@ def run_baselines(name: str, space: SearchSpace, uri: str, shared: int, fresh: b
         if s is None:
             continue
         if stop is not None and stop.why:
-            c.set_tag(_run_of(c, exp, name, label), TAG_DOMINATED, stop.why)
+            c.set_tag(s["run_id"], TAG_DOMINATED, stop.why)
             print(f"baseline {label}: stopped after epoch {DOMINATED_AFTER_EPOCHS} (eff {s['efficiency']:.2f}): "
                   f"{stop.why}, even at 100 % accuracy with epochs {DOMINATED_SPEEDUP:g}x as fast", flush=True)
             continue
@@ -174,16 +175,6 @@ def run_baselines(name: str, space: SearchSpace, uri: str, shared: int, fresh: b
           f"a trial more than {space.margin:g} pp below its validation accuracy at the same epoch is infeasible",
           flush=True)
     return ref["curve"]
-
-
-def _run_of(c, exp: str, name: str, label: str) -> str:
-    """The run id of search ``name``'s newest baseline run ``label``."""
-    from triaccel.search.tags import TAG_ROLE, TAG_SEARCH
-
-    (r,) = c.search_runs([exp], filter_string=f"tags.`{TAG_SEARCH}` = '{name}' and tags.`{TAG_ROLE}` = 'baseline' "
-                                              f"and tags.`triaccel.baseline` = '{label}'",
-                         order_by=["attributes.start_time DESC"], max_results=1)
-    return r.info.run_id
 
 
 def close_cut_short(name: str, uri: str) -> None:

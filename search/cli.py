@@ -217,9 +217,10 @@ def add_commands(sub, once) -> None:
     e = sub.add_parser("export", help="write the tuned config of a search as a training YAML")
     e.add_argument("name", help="the search's name (`triaccel searches` lists them)")
     e.add_argument("--out", required=True, action=once, help="the YAML file to write (not replaced without --force)")
-    e.add_argument("--pick", default="best", help="best (default: the judge's verdict, else the best feasible trial, else the best static run), "
-                        "baseline (the best static run, for when its time matters more than the export's memory), "
-                        "or pareto-N (entry N of the Pareto front)")
+    e.add_argument("--pick", default="best",
+                   help="best (default: the judge's verdict, else the best feasible trial, else the best static "
+                        "run), baseline (the best static run, for when its time matters more than the export's "
+                        "memory), or pareto-N (entry N of the Pareto front)")
     e.add_argument("--force", action="store_true", help="replace --out if it exists")
     e.add_argument("--epochs", type=int, help="epochs of the exported config (default: the search's budget, "
                                               "often short; the lr schedule stretches to it)")

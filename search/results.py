@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 
 from triaccel.errors import ConfigError
 from triaccel.search.space import START
+from triaccel.search.tags import TAG_DOMINATED, TAG_ROLE, TAG_SEARCH
 
-TAG_SEARCH, TAG_ROLE = "triaccel.search", "triaccel.role"
-TAG_DOMINATED = "triaccel.dominated"  # a baseline stopped as unable to become the reference (search.alone)
 DEFAULT_MARGIN_PP = 0.5
 DEFAULT_SECOND_LOOK_PP = 1.0  # how far beyond the margin a trial still earns a second seed
 

@@ -18,7 +18,8 @@ def cell(v) -> str:
 def print_table(o, space) -> None:
     """Baselines, then every trial: the ranked ones, those ASHA stopped early, those that failed."""
     from triaccel.search.cli import SCORE
-    from triaccel.search.results import TAG_DOMINATED, fmt
+    from triaccel.search.results import fmt
+    from triaccel.search.tags import TAG_DOMINATED
 
     keys = list(space.params)
     names = headers(keys)

@@ -4,4 +4,5 @@ A module of its own so that what only reads a store (export, `searches`, resume'
 baselines' lookups) names them without importing ``triaccel.search.callbacks``, which imports Ray
 Tune and, through the trainable, torch: about two seconds of every such command's start."""
 TAG_SEARCH, TAG_ROLE, TAG_TRIAL = "triaccel.search", "triaccel.role", "triaccel.trial_id"
+TAG_DOMINATED = "triaccel.dominated"  # a baseline stopped as unable to become the reference (search.alone)
 NODE_TAG = "triaccel.ray_node_id"  # the Ray node a trial trained on (its last, if a resume moved it)

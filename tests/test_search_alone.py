@@ -40,11 +40,20 @@ def test_a_two_epoch_baseline_is_never_stopped_at_its_last_epoch():
 
 
 def test_the_strongest_kinds_run_first_and_larger_batches_first_within_a_kind():
-    labels = ["amp-bf16-B96", "amp-bf16-B512", "amp-fp16-B96-captured", "amp-bf16-B96-compiled",
-              "amp-bf16-B96-captured-compiled", "amp-bf16-B512-captured-compiled-max-autotune", "amp-bf16-B512-captured"]
-    assert sorted(labels, key=baseline_order) == [
-        "amp-bf16-B512-captured-compiled-max-autotune", "amp-bf16-B96-captured-compiled", "amp-bf16-B512-captured",
-        "amp-fp16-B96-captured", "amp-bf16-B96-compiled", "amp-bf16-B512", "amp-bf16-B96"]
+    from triaccel.search.space import parse_space
+
+    space = parse_space({"train": {"epochs": 2, "batch_size": 96},
+                         "baseline": {"batch_sizes": [96, 512], "capture": [False, True],
+                                      "compile": ["none", "default", "max-autotune-no-cudagraphs"]},
+                         "params": {"optim.lr": {"distribution": "uniform", "low": 0.1, "high": 1}}}, source="s.yaml")
+    order = [label for label, d in sorted(space.baseline_runs(), key=lambda x: baseline_order(x[1]))]
+    assert order == [
+        "amp-bf16-B512-captured-compiled", "amp-bf16-B512-captured-compiled-max-autotune-no-cudagraphs",
+        "amp-bf16-B96-captured-compiled", "amp-bf16-B96-captured-compiled-max-autotune-no-cudagraphs",
+        "amp-bf16-B512-captured", "amp-bf16-B96-captured",
+        "amp-bf16-B512-compiled", "amp-bf16-B512-compiled-max-autotune-no-cudagraphs",
+        "amp-bf16-B96-compiled", "amp-bf16-B96-compiled-max-autotune-no-cudagraphs",
+        "amp-bf16-B512", "amp-bf16-B96"]
 
 
 def test_run_baselines_stops_a_dominated_one_and_keeps_it_out_of_the_reference(tmp_path, capsys):
@@ -55,7 +64,8 @@ def test_run_baselines_stops_a_dominated_one_and_keeps_it_out_of_the_reference(t
 
     from _harness import DIGITS_SPACE, with_store
     from triaccel.search.alone import run_baselines
-    from triaccel.search.results import TAG_DOMINATED, trial_table
+    from triaccel.search.results import trial_table
+    from triaccel.search.tags import TAG_DOMINATED
     from triaccel.search.space import parse_space
     from triaccel.search.state import open_store, read_outcome
 
