@@ -52,9 +52,10 @@ _ORDER = {"ray_cluster": 0, "ray_free": 1, "group": 2, "slow": 3}
 RAY_FREE = frozenset({
     "test_callbacks.py", "test_capture.py", "test_cli.py", "test_compiled.py", "test_config.py", "test_conftest.py",
     "test_control.py", "test_controllers.py", "test_curvature.py", "test_data.py", "test_docs.py",
-    "test_errors.py", "test_kernels.py", "test_metrics.py", "test_profile.py", "test_progress.py",
-    "test_results.py", "test_scaler.py", "test_search_alone.py", "test_search_sampler.py", "test_space.py",
-    "test_store_lock.py", "test_tracking.py", "test_trainer.py",
+    "test_errors.py", "test_kernels.py", "test_metrics.py", "test_packaging.py", "test_profile.py",
+    "test_progress.py", "test_results.py", "test_run_gpu_script.py", "test_scaler.py", "test_schedulers.py",
+    "test_search_alone.py", "test_search_sampler.py", "test_space.py", "test_store_lock.py", "test_tracking.py",
+    "test_trainer.py",
 })
 
 

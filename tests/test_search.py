@@ -277,7 +277,7 @@ def _wait_group_gone(pgid, timeout=60):
 
 
 def test_sigkill_mid_search_then_resume_finishes_without_duplicates(tmp_path):
-    space = dict(SPACE, trials=5, concurrency=1)  # one at a time: three trials left when two have finished
+    space = dict(SPACE, trials=4, concurrency=1)  # one at a time: two trials left when two have finished
     space["params"] = {k: v for k, v in SPACE["params"].items() if k != "optim.lr"}
     space["train"] = dict(SPACE["train"], epochs=3)  # a trial killed between its epochs resumes from one
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
@@ -312,14 +312,14 @@ def test_sigkill_mid_search_then_resume_finishes_without_duplicates(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     _, runs_at_kill = trial_runs(tmp_path, "k")
-    assert len([r for r in runs_at_kill if r.info.status == "FINISHED"]) < 5, "search ended before the kill"
+    assert len([r for r in runs_at_kill if r.info.status == "FINISHED"]) < 4, "search ended before the kill"
     before_end = {r.info.run_id: r.info.end_time for r in finished_before}
 
     r = cli("resume", "k", cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     c, runs = trial_runs(tmp_path, "k")
     tids = [x.data.tags["triaccel.trial_id"] for x in runs]
-    assert len(runs) == 5 and len(set(tids)) == 5, tids  # no duplicate child runs
+    assert len(runs) == 4 and len(set(tids)) == 4, tids  # no duplicate child runs
     assert all(x.info.status == "FINISHED" for x in runs)
     for x in runs:
         steps = [m.step for m in c.get_metric_history(x.info.run_id, "val_acc")]
@@ -332,8 +332,8 @@ def test_sigkill_mid_search_then_resume_finishes_without_duplicates(tmp_path):
     import optuna
 
     complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
-    assert len(complete) == 5 and len(trials) == 5  # Optuna's history: every trial once
-    assert len({json.dumps(t.params, sort_keys=True) for t in complete}) == 5
+    assert len(complete) == 4 and len(trials) == 4  # Optuna's history: every trial once
+    assert len({json.dumps(t.params, sort_keys=True) for t in complete}) == 4
 
 
 def test_confirm_reruns_the_best_alone_and_export_prefers_it(searched):
@@ -529,7 +529,7 @@ def test_address_joins_an_existing_cluster_and_a_plain_search_stays_local(tmp_pa
     own = Path(sys.executable).parent / "ray"
     ray_bin = str(own) if own.exists() else shutil.which("ray")
     ray_cmd = [ray_bin] if ray_bin else [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]
-    space = dict(SPACE, trials=2, concurrency=2)
+    space = dict(SPACE, trials=1, concurrency=1)  # what is tested is the join: one trial shows it
     space["params"] = {k: v for k, v in SPACE["params"].items() if k != "optim.lr"}
     space["train"] = dict(SPACE["train"], epochs=1)
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
@@ -551,7 +551,7 @@ def test_address_joins_an_existing_cluster_and_a_plain_search_stays_local(tmp_pa
             r = cli("search", "--space", "space.yaml", "--name", name, "--address", address, cwd=tmp_path)
             assert r.returncode == 0, (address, r.stderr[-3000:])
             _, runs = trial_runs(tmp_path, name)
-            assert len(runs) == 2 and all(x.info.status == "FINISHED" for x in runs), (name, [x.info.status for x in runs],
+            assert len(runs) == 1 and all(x.info.status == "FINISHED" for x in runs), (name, [x.info.status for x in runs],
                                                                                 r.stdout[-2000:])
         r = cli("search", "--space", "space.yaml", "--name", "local", cwd=tmp_path)
         assert r.returncode == 0, r.stderr[-3000:]  # a running cluster does not break a local search

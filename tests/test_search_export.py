@@ -9,16 +9,26 @@ import yaml
 
 from _harness import SPACE, cli, free_port, user_env, with_store
 
+ONE_TRIAL = dict(SPACE, trials=1, concurrency=1)
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    """A working folder holding one finished 1-trial search, 'x', that every export here reads.
+    Each test writes its files under a folder of its own: export reads the search through the
+    working folder's mlruns/, so the tests run there."""
+    d = with_store(tmp_path_factory.mktemp("export"))  # a copy of the migrated template
+    (d / "space.yaml").write_text(yaml.safe_dump(ONE_TRIAL))
+    r = cli("search", "--space", "space.yaml", "--name", "x", cwd=d)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return d
+
 
 @pytest.mark.slow
-def test_export_to_a_path_it_cannot_write_is_one_line_and_writes_nothing(tmp_path):
+def test_export_to_a_path_it_cannot_write_is_one_line_and_writes_nothing(searched):
     """--out in a folder that does not exist (it was created), a folder, a path under /proc or a
     device: one line naming --out, exit 2, nothing written; a good path still exports."""
-    with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
-    space = dict(SPACE, trials=1, concurrency=1)
-    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
-    r = cli("search", "--space", "space.yaml", "--name", "x", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
+    tmp_path, space = searched, ONE_TRIAL
     (tmp_path / "adir").mkdir()
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "mlruns" not in p.parts)
     for out, extra, line in [
@@ -44,12 +54,18 @@ def test_export_to_a_path_it_cannot_write_is_one_line_and_writes_nothing(tmp_pat
     assert r.returncode == 0 and (tmp_path / "adir" / "tuned.yaml").is_file(), r.stderr[-2000:]
 
 
-    # the store the search recorded has gone (a server that stopped): one line naming it, not the train key
+@pytest.mark.slow
+def test_a_store_that_has_gone_is_one_line_for_export_and_resume(searched, tmp_path):
+    """The store the search recorded has gone (a server that stopped): one line naming it, not the train key.
+    A copy of the search's state in a folder of its own, recording a server nothing answers at."""
     import json
+    import shutil
 
-    state_file = tmp_path / "mlruns" / "tune" / "x" / "triaccel_search.json"
     port = free_port()
-    state_file.write_text(json.dumps(dict(json.loads(state_file.read_text()), tracking_uri=f"http://127.0.0.1:{port}")))
+    state = json.loads((searched / "mlruns" / "tune" / "x" / "triaccel_search.json").read_text())
+    shutil.copytree(searched / "mlruns" / "tune" / "x", tmp_path / "mlruns" / "tune" / "x")
+    (tmp_path / "mlruns" / "tune" / "x" / "triaccel_search.json").write_text(
+        json.dumps(dict(state, tracking_uri=f"http://127.0.0.1:{port}")))
     for args in (["export", "x", "--out", "again.yaml"], ["resume", "x"]):
         r = cli(*args, cwd=tmp_path)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
@@ -60,52 +76,49 @@ def test_export_to_a_path_it_cannot_write_is_one_line_and_writes_nothing(tmp_pat
 
 
 @pytest.mark.slow
-def test_exports_at_once_without_force_replace_nothing(tmp_path):
+def test_exports_at_once_without_force_replace_nothing(searched):
     """Four `export --out tuned.yaml` at once without --force all passed the exists check and all
     exited 0, each replacing the last; and a user's own tuned.yaml.tmp was overwritten and deleted
     (the fixed temporary name). Now one export writes the file, the others say it exists."""
-    (tmp_path / "space.yaml").write_text(yaml.safe_dump(dict(SPACE, trials=1, concurrency=1)))
-    r = cli("search", "--space", "space.yaml", "--name", "x", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    (tmp_path / "tuned.yaml.tmp").write_text("mine\n")
-    procs = [subprocess.Popen([sys.executable, "-m", "triaccel.cli", "export", "x", "--out", "tuned.yaml"],
-                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=user_env())
+    out_dir = searched / "at_once"
+    out_dir.mkdir()
+    (out_dir / "tuned.yaml.tmp").write_text("mine\n")
+    procs = [subprocess.Popen([sys.executable, "-m", "triaccel.cli", "export", "x", "--out", "at_once/tuned.yaml"],
+                              cwd=searched, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=user_env())
              for _ in range(4)]
     results = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
     assert sorted(rc for rc, _ in results) == [0, 2, 2, 2], results
     for rc, err in results:
         if rc:
             assert "Traceback" not in err and err.strip().splitlines() == [
-                "triaccel: error: --out tuned.yaml: exists (written meanwhile by another process); choose another "
-                "path or add --force to replace it"], err
-    assert (tmp_path / "tuned.yaml.tmp").read_text() == "mine\n"
-    assert yaml.safe_load((tmp_path / "tuned.yaml").read_text())["provenance"]["search"] == "x"
-    assert sorted(p.name for p in tmp_path.iterdir() if "tuned" in p.name) == ["tuned.yaml", "tuned.yaml.tmp"]
+                "triaccel: error: --out at_once/tuned.yaml: exists (written meanwhile by another process); choose "
+                "another path or add --force to replace it"], err
+    assert (out_dir / "tuned.yaml.tmp").read_text() == "mine\n"
+    assert yaml.safe_load((out_dir / "tuned.yaml").read_text())["provenance"]["search"] == "x"
+    assert sorted(p.name for p in out_dir.iterdir()) == ["tuned.yaml", "tuned.yaml.tmp"]
     for out in ("space.yaml/tuned.yaml", "space.yaml/a/tuned.yaml"):  # a parent that is a file: was "no such folder"
-        r = cli("export", "x", "--out", out, cwd=tmp_path)
+        r = cli("export", "x", "--out", out, cwd=searched)
         assert r.returncode == 2 and r.stderr.strip().splitlines() == [
             f"triaccel: error: --out {out}: space.yaml is a file, not a folder"], r.stderr[-2000:]
 
 
 @pytest.mark.slow
-def test_export_from_a_read_only_store(tmp_path):
+def test_export_from_a_read_only_store(searched):
     """A finished search's store on a read-only disk (an archive, a shared mount): export, which only
     reads it, failed in one line (the store's lock file could not be made) and `searches` showed no
     figures. Now both read it; a resume there (Tune's restore: a pyarrow traceback) is one line.
-    Needs a read-only bind mount (root in a sandbox that allows it)."""
-    with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
-    (tmp_path / "space.yaml").write_text(yaml.safe_dump(dict(SPACE, trials=1, concurrency=1)))
-    r = cli("search", "--space", "space.yaml", "--name", "x", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
+    Needs a read-only bind mount (root in a sandbox that allows it); the store is writable again after."""
+    tmp_path = searched
+    (tmp_path / "read_only").mkdir()
     store = tmp_path / "mlruns"
     if subprocess.run(["mount", "--bind", str(store), str(store)], capture_output=True).returncode:
         pytest.skip("cannot bind-mount here")
     try:
         if subprocess.run(["mount", "-o", "remount,ro,bind", str(store)], capture_output=True).returncode:
             pytest.skip("cannot make a bind mount read-only here")
-        r = cli("export", "x", "--out", "tuned.yaml", cwd=tmp_path)
+        r = cli("export", "x", "--out", "read_only/tuned.yaml", cwd=tmp_path)
         assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
-        assert yaml.safe_load((tmp_path / "tuned.yaml").read_text())["provenance"]["search"] == "x"
+        assert yaml.safe_load((tmp_path / "read_only" / "tuned.yaml").read_text())["provenance"]["search"] == "x"
         r = cli("searches", cwd=tmp_path)
         assert r.returncode == 0 and " finished " in r.stdout and "cannot" not in r.stdout, r.stdout
         r = cli("resume", "x", cwd=tmp_path)

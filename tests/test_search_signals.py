@@ -48,15 +48,19 @@ def _baseline_epoch_in(tmp_path):
     return ready
 
 
-def _stopped_in_the_baselines_then_resumed(tmp_path, name, rc, want_rc, out, err):
+def _stopped_in_the_baselines(tmp_path, name, rc, want_rc, out, err):
     """A search stopped while its baseline trained: the stop's exit status and one line naming `resume`,
-    its baseline and parent runs KILLED; `resume` trains the baseline again and runs the trials."""
+    its baseline and parent runs KILLED."""
     assert rc == want_rc and "Traceback" not in err, (rc, out[-2000:], err[-2000:])
     assert err.strip().splitlines()[-1] == (f"triaccel: interrupted: search '{name}' stopped before it finished: "
                                             f"`triaccel resume {name}` continues it")
     _, all_runs = runs(tmp_path, name)
     assert sorted((r.data.tags["triaccel.role"], r.info.status) for r in all_runs) == [
         ("baseline", "KILLED"), ("parent", "KILLED")]
+
+
+def _resumed_from_the_baselines(tmp_path, name):
+    """`resume` of a search stopped in its baselines trains the baseline again and runs the trials."""
     r = cli("resume", name, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     _, all_runs = runs(tmp_path, name)
@@ -119,11 +123,11 @@ BASELINE_SPACE = dict(SPACE, baseline={"batch_sizes": [8]}, train=dict(SPACE["tr
 
 
 @pytest.mark.slow
-def test_ctrl_c_in_the_baselines_resumes_into_the_trials(tmp_path):
-    """Ctrl-C while the baselines train (before Tune holds any state): exit 130, runs KILLED, and
-    `resume` trains the baseline again and starts the trials, as the error line promises."""
+def test_ctrl_c_in_the_baselines_closes_the_runs_and_names_resume(tmp_path):
+    """Ctrl-C while the baselines train (before Tune holds any state): exit 130, runs KILLED, the line
+    naming `resume`. The resume from that state is the SIGTERM case's: the two signals reach one handler."""
     rc, out, err = _signal_when(tmp_path, "ib", BASELINE_SPACE, _baseline_epoch_in(tmp_path), signal.SIGINT)
-    _stopped_in_the_baselines_then_resumed(tmp_path, "ib", rc, 130, out, err)
+    _stopped_in_the_baselines(tmp_path, "ib", rc, 130, out, err)
 
 
 @pytest.mark.slow
@@ -133,14 +137,15 @@ def test_sigterm_in_the_baselines_closes_the_runs_and_resume_finishes(tmp_path):
     KILLED; `resume` finishes the search."""
     with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
     rc, out, err = _signal_when(tmp_path, "tb", BASELINE_SPACE, _baseline_epoch_in(tmp_path))
-    _stopped_in_the_baselines_then_resumed(tmp_path, "tb", rc, 143, out, err)
+    _stopped_in_the_baselines(tmp_path, "tb", rc, 143, out, err)
+    _resumed_from_the_baselines(tmp_path, "tb")
 
 
 @pytest.mark.slow
-def test_sigterm_in_the_trials_is_no_abort_and_resume_finishes(tmp_path):
+def test_sigterm_in_the_trials_is_no_abort_and_closes_the_runs(tmp_path):
     """SIGTERM once trials report: Ray's handler aborted the driver with a stack dump (exit 134),
-    the parent run left RUNNING. Now Tune stops as for Ctrl-C: exit 143, one line, runs KILLED,
-    and `resume` runs the trials."""
+    the parent run left RUNNING. Now Tune stops as for Ctrl-C: exit 143, one line, runs KILLED.
+    The resume from a stop in the trials is the Ctrl-C case's (one handler for both signals)."""
     with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
     space = dict(SPACE)
     space["train"] = dict(SPACE["train"], epochs=4)
@@ -151,8 +156,6 @@ def test_sigterm_in_the_trials_is_no_abort_and_resume_finishes(tmp_path):
     _, all_runs = runs(tmp_path, "tt")
     assert [r.info.status for r in all_runs if r.data.tags["triaccel.role"] == "parent"] == ["KILLED"]
     assert not [r for r in all_runs if r.info.status == "RUNNING"]
-    r = cli("resume", "tt", cwd=tmp_path)
-    assert r.returncode == 0 and "export the best" in r.stdout, r.stderr[-3000:]
 
 
 @pytest.mark.slow
@@ -217,7 +220,7 @@ def test_a_signal_in_the_confirm_runs_stops_the_search(tmp_path, sig, rc):  # it
     (a tester's report). Now: the exit status of a stop, runs closed KILLED, and resume finishes it."""
     import signal
 
-    space = dict(SPACE, trials=2, concurrency=2)
+    space = dict(SPACE, trials=1, concurrency=1)
     # a confirm run long enough to be interrupted: the signal follows the line at once (flushed), and
     # the run's own start-up (its process, data, model) is seconds before its first step
     space["train"] = dict(SPACE["train"], epochs=8)

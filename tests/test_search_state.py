@@ -215,7 +215,7 @@ def test_a_lost_tune_state_or_store_is_said_not_merged_or_started_anew(tmp_path)
     3-trial space); (2) with the store moved away, resume trained into a new, empty store and exited 0."""
     import shutil
 
-    (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(dict(SPACE, trials=1, concurrency=1)))
     r = cli("search", "--space", "space.yaml", "--name", "g", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     state = (tmp_path / "mlruns" / "tune" / "g" / "triaccel_search.json").read_text()
