@@ -24,7 +24,8 @@ def on_gpu(space: SearchSpace) -> bool:
     """Its trials train on a GPU: the machine has one and the space's train.device is not cpu. A CPU space
     on a GPU machine must not ask each trial for a share of a GPU it never uses: its trials would run a
     GPU's worth at a time instead of a core each, and be measured as GPU-sharing trials."""
-    return gpu_count() > 0 and str(space.train.get("device", "auto")).strip().lower() != "cpu"
+    # the device first: a CPU space's driver then never imports torch to count GPUs it will not use
+    return str(space.train.get("device", "auto")).strip().lower() != "cpu" and gpu_count() > 0
 
 
 def shared_trials(space: SearchSpace) -> int:
@@ -51,8 +52,7 @@ def check_resources(space: SearchSpace, address: str | None) -> None:
     if space.cpus_per_trial > cpus:
         raise ConfigError(f"{space.source}: cpus_per_trial: {space.cpus_per_trial:g} is more than this machine's "
                           f"{cpus} CPUs: no trial could start")
-    gpus = gpu_count()
-    if on_gpu(space) and space.gpus_per_trial > gpus:
+    if on_gpu(space) and space.gpus_per_trial > (gpus := gpu_count()):
         raise ConfigError(f"{space.source}: gpus_per_trial: {space.gpus_per_trial:g} is more than this machine's "
                           f"{gpus} GPUs: no trial could start")
 
@@ -162,6 +162,7 @@ def init_ray(address: str | None, quiet: bool = True, runtime_env: dict | None =
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")  # experiment state after every event: crash-safe
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # the loggers a search keeps: tuner.new_tuner
     if ray.is_initialized():
         return
     kw = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, configure_logging=True)

@@ -166,6 +166,7 @@ def new_tuner(space: SearchSpace, name: str, uri: str, shared: int, ref_curve: l
     """The search's Tuner; ``searcher`` and ``tune_dir`` (Tune's folder, default tune_root()/name):
     an extension's own (search.extend)."""
     from ray import tune
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
     from ray.tune.schedulers import FIFOScheduler
 
     from triaccel.search.callbacks import ConsoleReporter, MLflowSearchCallback
@@ -191,8 +192,11 @@ def new_tuner(space: SearchSpace, name: str, uri: str, shared: int, ref_curve: l
         run_config=tune.RunConfig(
             name=tune_dir.name if tune_dir else name, storage_path=str(tune_dir.parent if tune_dir else tune_root()),
             verbose=0,
+            # Tune's JSON and CSV result logs, named: with TUNE_DISABLE_AUTO_CALLBACK_LOGGERS (init_ray)
+            # Tune adds no TensorBoard writer, whose import (tensorboardX, torch) and per-result event
+            # files cost the driver CPU for a record MLflow already holds
             callbacks=[MLflowSearchCallback(uri, EXPERIMENT, name, space, shared, gpu_share(space, shared)),
-                       ConsoleReporter(space.trials, epochs)],
+                       ConsoleReporter(space.trials, epochs), JsonLoggerCallback(), CSVLoggerCallback()],
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             failure_config=tune.FailureConfig(max_failures=0)))
 

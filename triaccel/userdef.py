@@ -36,11 +36,12 @@ import inspect
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from triaccel.errors import ConfigError, DataError
+
+if TYPE_CHECKING:  # torch is imported where data or a model is built: a search's driver checks references without it
+    import torch
 
 CALLABLE_PREFIX = "callable:"
 # functions handed to the Python API in this process (and, in a search's workers, shipped to them)
@@ -192,6 +193,8 @@ def _memory_bytes() -> int | None:
 
 
 def _pair(item: Any, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
     if not isinstance(item, (tuple, list)) or len(item) != 2:
         raise DataError(f"{where}: an example must be an (input, target) pair, got {type(item).__name__}"
                         + (f" of {len(item)}" if isinstance(item, (tuple, list)) else ""))
@@ -204,6 +207,8 @@ def _pair(item: Any, where: str) -> tuple[torch.Tensor, torch.Tensor]:
 def materialise(ds: Any, where: str) -> tuple[torch.Tensor, torch.Tensor]:
     """A split as (inputs, targets) tensors: a TensorDataset's own, any other map-style Dataset stacked
     once (refused in one line when it would not fit in memory)."""
+    import torch
+
     if isinstance(ds, torch.utils.data.TensorDataset):
         if len(ds.tensors) != 2:
             raise DataError(f"{where}: a TensorDataset of (inputs, targets), got {len(ds.tensors)} tensors")
@@ -243,6 +248,8 @@ def materialise(ds: Any, where: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 def carve_val(x: torch.Tensor, y: torch.Tensor, fraction: float, seed: int) -> tuple[tuple, tuple]:
     """(train, val) from one split: stratified for class labels, a seeded random split for sequences."""
+    import torch
+
     from triaccel.data import stratified_split
 
     if y.dim() == 1:
@@ -256,6 +263,8 @@ def carve_val(x: torch.Tensor, y: torch.Tensor, fraction: float, seed: int) -> t
 
 def load_user_splits(dc) -> UserSplits:
     """Call data.class_path's factory and bring what it returns to tensors, with the validation split."""
+    import torch
+
     key = "data.class_path"
     out = call(resolve(dc.class_path, key), dict(dc.init_args), key, dc.class_path)
     if isinstance(out, (torch.utils.data.Dataset, list, tuple)) or _part(out, "train") is None:
@@ -295,6 +304,8 @@ class TensorData:
     are: the trainer's counterpart of ``triaccel.data.ResidentData`` with no augmentation."""
 
     def __init__(self, split: tuple, device: torch.device, resident: bool = True, seed: int = 0):
+        import torch
+
         self.device = device
         self.resident = resident or device.type == "cpu"
         store = device if self.resident else torch.device("cpu")
@@ -310,6 +321,8 @@ class TensorData:
         return int(self.y.shape[0])
 
     def batch(self, idx: torch.Tensor, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
         if self.resident:
             idx = idx.to(self.x.device, non_blocking=True)
             x, y = self.x[idx], self.y[idx]
@@ -324,6 +337,8 @@ class TensorData:
 
 # --------------------------------------------------------------------------- model
 def build_user_model(mc, info: dict) -> torch.nn.Module:
+    import torch
+
     key = "model.class_path"
     fn = resolve(mc.class_path, key)
     kwargs = dict(mc.init_args)
@@ -346,12 +361,13 @@ def check_references(train: dict) -> None:
     """Resolve and call the model and data a config names, once, in this process: a bad reference is
     one line naming its key before Ray starts or anything is written (``check_user_code``)."""
     from triaccel.config import TrainConfig, from_dict
-    from triaccel.data import load_splits
-    from triaccel.models import build_model
 
     cfg = from_dict(TrainConfig, train)
     if cfg.model.class_path is None and "/" not in cfg.model.name and cfg.data.class_path is None:
-        return
+        return  # the shipped models and data: nothing of the user's to check
+    from triaccel.data import load_splits
+    from triaccel.models import build_model
+
     if cfg.data.class_path is not None:
         sp = load_user_splits(cfg.data)
         info = (sp.num_classes, sp.in_channels, sp.image_size, sp.meta)
