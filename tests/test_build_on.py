@@ -242,10 +242,10 @@ def built_on(tmp_path_factory):
     c, exp = open_store(store)
     o = outcome(trial_table(c, exp, "a"), [], [], SPACE["train"]["epochs"])
     out["a_best2"] = [x.row["values"] for x in o.ranked[:2]]  # what --warm-start a --warm-start-k 2 takes
-    out["b"] = _cli("search", "--space", "space.yaml", "--name", "b", "--storage", str(storage),
-                    "--warm-start", "a", "--warm-start-k", "2", cwd=d2, store=store)
+    out["b"] = _cli("search", "--space", "space.yaml", "--name", "b", "--storage", str(storage), "--trials", "2",
+                    "--warm-start", "a", "--warm-start-k", "2", cwd=d2, store=store)  # its two warm-start points
     assert out["b"].returncode == 0, _said(out["b"])
-    out["x"] = _cli("extend", "a", "--trials", "2", "--storage", f"file://{storage}", cwd=d2, store=store)
+    out["x"] = _cli("extend", "a", "--trials", "1", "--storage", f"file://{storage}", cwd=d2, store=store)
     assert out["x"].returncode == 0, _said(out["x"])
     return out
 
@@ -291,9 +291,9 @@ def test_extend_seeds_the_sampler_with_every_earlier_trial_and_ranks_them_togeth
     seen = c.get_metric_history(parents[0].info.run_id, "extend_seen_trials")
     assert [m.value for m in seen] == [3.0]  # the first search's three finished trials
     _, trials = _runs(built_on["store"], "a", role="trial")
-    assert len(trials) == 5 and all(t.info.status == "FINISHED" for t in trials)
+    assert len(trials) == 4 and all(t.info.status == "FINISHED" for t in trials)
     assert parents[0].info.status == "FINISHED"
-    assert "search 'a': 5 finished" in built_on["x"].stdout
+    assert "search 'a': 4 finished" in built_on["x"].stdout
     assert (built_on["storage"] / "a" / "extend-1").is_dir()
 
 

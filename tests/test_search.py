@@ -327,7 +327,9 @@ def test_sigkill_mid_search_then_resume_finishes_without_duplicates(tmp_path):
         if x.info.run_id in before_end:  # finished before the kill: not re-run
             assert x.info.end_time == before_end[x.info.run_id]
             lines = (tmp_path / "mlruns" / "tune" / "k" / x.data.tags["triaccel.trial_id"] / "result.json").read_text()
-            assert len(lines.strip().splitlines()) == 3  # one result per epoch
+            # one result per epoch, never more (a re-run would append); Tune copies its result log to
+            # storage in the background, so a kill can catch a finished trial's copy short
+            assert len(lines.strip().splitlines()) <= 3
     trials = searcher_trials(tmp_path / "mlruns" / "tune" / "k")
     import optuna
 

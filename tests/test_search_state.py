@@ -40,11 +40,11 @@ sys.exit(main(sys.argv[1:]))
 
 
 def _kill_in_tune_start_up(tmp_path, name):
-    """Start a 3-trial search and kill -9 its driver once Tune wrote tuner.pkl, before its first
+    """Start a 2-trial search and kill -9 its driver once Tune wrote tuner.pkl, before its first
     experiment state (Tune's start-up): the on-disk state of #14 case 2."""
     import signal
 
-    space = dict(SPACE, trials=3)
+    space = dict(SPACE, trials=2)
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     tune_dir = tmp_path / "mlruns" / "tune" / name
     proc = subprocess.Popen([sys.executable, "-c", _DIE_ONCE_TUNER_BUILT, "search", "--space", "space.yaml",
@@ -105,10 +105,10 @@ def test_driver_killed_in_tune_start_up_resumes_the_whole_search(tmp_path):
     r = cli("resume", "s", cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "Tune saved no trial yet: starting the trials" in r.stdout
-    assert "search 's': 3 finished" in r.stdout and "3 trials in MLflow" in r.stdout, r.stdout[-2000:]
+    assert "search 's': 2 finished" in r.stdout and "2 trials in MLflow" in r.stdout, r.stdout[-2000:]
     _, all_runs = runs(tmp_path, "s")
     trials = [x for x in all_runs if x.data.tags["triaccel.role"] == "trial"]
-    assert len(trials) == 3 and len({t.data.tags["triaccel.trial_id"] for t in trials}) == 3
+    assert len(trials) == 2 and len({t.data.tags["triaccel.trial_id"] for t in trials}) == 2
     assert all(x.info.status == "FINISHED" for x in all_runs)  # the parent included
 
 
@@ -130,12 +130,12 @@ def test_tune_state_planning_fewer_trials_than_the_space_is_refused_in_one_line(
                        text=True, timeout=600, env=user_env())
     assert r.returncode == 0, r.stderr[-3000:]
     _, before = runs(tmp_path, "f", role="trial")
-    assert len(before) == 1  # Tune planned one of the space's three
+    assert len(before) == 1  # Tune planned one of the space's two
 
     r = cli("resume", "f", cwd=tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
     assert r.stderr.strip().splitlines() == [
-        f"triaccel: error: search 'f': its Tune state in {tune_dir} plans 1 of the space's 3 trials and cannot run "
+        f"triaccel: error: search 'f': its Tune state in {tune_dir} plans 1 of the space's 2 trials and cannot run "
         f"the rest: start the search again under another name (`triaccel search --space space.yaml --name f2`)"]
     _, after = runs(tmp_path, "f", role="trial")
     assert [x.info.run_id for x in after] == [x.info.run_id for x in before]  # nothing ran
@@ -281,7 +281,7 @@ def test_resume_while_the_search_runs_is_refused_and_the_search_runs_its_trials(
     """`triaccel resume f` after the running search's first trial line ran a second driver: both ran, 12 trials
     landed for 8. Now it is refused in one line and the search alone runs its trials."""
     with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
-    space = dict(SPACE, trials=3, concurrency=1)
+    space = dict(SPACE, trials=2, concurrency=1)  # one to run after the refused resume
     space["train"] = dict(SPACE["train"], epochs=2)
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "f",
@@ -303,7 +303,7 @@ def test_resume_while_the_search_runs_is_refused_and_the_search_runs_its_trials(
     assert line.startswith(f"triaccel: error: search 'f' is being run by pid {proc.pid} on "), line
     assert proc.returncode == 0, err[-2000:]
     _, all_runs = runs(tmp_path, "f")
-    assert len([x for x in all_runs if x.data.tags["triaccel.role"] == "trial"]) == 3
+    assert len([x for x in all_runs if x.data.tags["triaccel.role"] == "trial"]) == 2
 
 
 @pytest.mark.slow
@@ -315,7 +315,7 @@ def test_a_checkpoint_the_saved_state_names_but_tune_deleted_is_no_failed_trial(
     race: the search stopped (Ctrl-C) with a trial unfinished, its named checkpoint then moved to the next
     index, as Tune leaves it. The trial continues from the checkpoint on storage."""
     with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
-    space = dict(SPACE, trials=2, concurrency=1)
+    space = dict(SPACE, trials=1, concurrency=1)
     space["train"] = dict(SPACE["train"], epochs=6)
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     folder = tmp_path / "mlruns" / "tune" / "k"
@@ -346,7 +346,7 @@ def test_a_checkpoint_the_saved_state_names_but_tune_deleted_is_no_failed_trial(
     assert "FAILED" not in r.stdout and "does not exist on storage" not in r.stdout + r.stderr, r.stdout[-2000:]
     c, all_runs = runs(tmp_path, "k")
     trials = [x for x in all_runs if x.data.tags["triaccel.role"] == "trial"]
-    assert sorted(x.info.status for x in trials) == ["FINISHED", "FINISHED"], [x.data.tags for x in trials]
+    assert [x.info.status for x in trials] == ["FINISHED"], [x.data.tags for x in trials]
     for x in trials:  # trained to the end, no epoch logged twice
         steps = sorted(m.step for m in c.get_metric_history(x.info.run_id, "val_acc"))
         assert steps[-1] == 6 and len(steps) == len(set(steps)), steps
@@ -419,7 +419,7 @@ def test_store_filling_mid_search_is_one_line_and_resume_finishes(tmp_path):
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(full)], capture_output=True).returncode:
         pytest.skip("cannot mount a small tmpfs here")
     try:
-        space = dict(SPACE)
+        space = dict(SPACE, trials=1, concurrency=1)
         space["train"] = dict(SPACE["train"], epochs=6)
         (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
         env = dict(user_env(), MLFLOW_TRACKING_URI=f"sqlite:///{full}/mlflow.db")
