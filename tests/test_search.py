@@ -277,6 +277,7 @@ def _wait_group_gone(pgid, timeout=60):
 
 
 def test_sigkill_mid_search_then_resume_finishes_without_duplicates(tmp_path):
+    with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
     space = dict(SPACE, trials=4, concurrency=1)  # one at a time: two trials left when two have finished
     space["params"] = {k: v for k, v in SPACE["params"].items() if k != "optim.lr"}
     space["train"] = dict(SPACE["train"], epochs=3)  # a trial killed between its epochs resumes from one
@@ -434,7 +435,7 @@ def test_ui_serves_the_trials_on_loopback_and_renders_in_a_browser(searched):
 
 def test_pareto_search_exports_a_front_member(tmp_path):
     with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
-    space = dict(SPACE, objective="pareto", trials=3, concurrency=2)
+    space = dict(SPACE, objective="pareto", trials=2, concurrency=2)
     space["params"] = {k: v for k, v in SPACE["params"].items() if k != "optim.lr"}
     space["train"] = dict(SPACE["train"], epochs=1)
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
@@ -531,6 +532,7 @@ def test_address_joins_an_existing_cluster_and_a_plain_search_stays_local(tmp_pa
     own = Path(sys.executable).parent / "ray"
     ray_bin = str(own) if own.exists() else shutil.which("ray")
     ray_cmd = [ray_bin] if ray_bin else [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]
+    with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
     space = dict(SPACE, trials=1, concurrency=1)  # what is tested is the join: one trial shows it
     space["params"] = {k: v for k, v in SPACE["params"].items() if k != "optim.lr"}
     space["train"] = dict(SPACE["train"], epochs=1)

@@ -126,6 +126,7 @@ BASELINE_SPACE = dict(SPACE, baseline={"batch_sizes": [8]}, train=dict(SPACE["tr
 def test_ctrl_c_in_the_baselines_closes_the_runs_and_names_resume(tmp_path):
     """Ctrl-C while the baselines train (before Tune holds any state): exit 130, runs KILLED, the line
     naming `resume`. The resume from that state is the SIGTERM case's: the two signals reach one handler."""
+    with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
     rc, out, err = _signal_when(tmp_path, "ib", BASELINE_SPACE, _baseline_epoch_in(tmp_path), signal.SIGINT)
     _stopped_in_the_baselines(tmp_path, "ib", rc, 130, out, err)
 
@@ -220,6 +221,7 @@ def test_a_signal_in_the_confirm_runs_stops_the_search(tmp_path, sig, rc):  # it
     (a tester's report). Now: the exit status of a stop, runs closed KILLED, and resume finishes it."""
     import signal
 
+    with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
     space = dict(SPACE, trials=1, concurrency=1)
     # a confirm run long enough to be interrupted: the signal follows the line at once (flushed), and
     # the run's own start-up (its process, data, model) is seconds before its first step

@@ -193,7 +193,7 @@ def test_two_searches_of_one_name_at_once_run_one(tmp_path):
     one Tune folder and one parent run (4 trials and 2 baselines in a 2-trial search), both exit 0.
     Now the name is claimed exclusively: the second says so in one line and writes nothing."""
     with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
-    (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(dict(SPACE, trials=1, concurrency=1)))
     procs = [subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name",
                                "same"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=user_env()) for _ in range(2)]
@@ -204,7 +204,7 @@ def test_two_searches_of_one_name_at_once_run_one(tmp_path):
         f"triaccel: error: search 'same' already exists in {tmp_path / 'mlruns' / 'tune' / 'same'} (started "
         f"meanwhile by another process): choose another --name"], err
     _, all_runs = runs(tmp_path, "same")
-    assert sorted(r.data.tags["triaccel.role"] for r in all_runs) == ["parent", "trial", "trial"]
+    assert sorted(r.data.tags["triaccel.role"] for r in all_runs) == ["parent", "trial"]
     assert not list((tmp_path / "mlruns" / "tune" / "same").glob(".*.tmp"))
 
 
@@ -356,6 +356,7 @@ def test_a_checkpoint_the_saved_state_names_but_tune_deleted_is_no_failed_trial(
 def test_resume_keeps_the_options_the_search_was_started_with(tmp_path):
     """Resume forgot --confirm: a `search --confirm 1` stopped (Ctrl-C) resumed with no confirm run, and export
     used unconfirmed figures. The options are saved with the search and resume uses them unless given again."""
+    with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
     proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "o",
                              "--confirm", "1", "--trials", "1"], cwd=tmp_path, stdout=subprocess.PIPE,
