@@ -58,10 +58,16 @@ def judge_runs(store: str, search: str) -> tuple[dict, dict, dict]:
 
 def trained_env(machine: dict) -> dict:
     """This file's env: the reader's, with the GPU, torch and git revision the judge runs recorded where
-    they all agree (the runs were trained on the GPU; this file is read from their store anywhere)."""
+    they all agree: the file is read from their store anywhere, and says what trained them (a CPU's runs claim no
+    GPU, even read on a GPU machine)."""
     e = env()
     one = {k: next(iter(v)) for k, v in machine.items() if len(v) == 1 and None not in v}
-    if one.get("gpu") and one["gpu"] != "cpu":
+    if len(machine.get("gpu") or ()) > 1:  # no one machine trained them: claim none
+        e.update(gpu=None, note="the judge runs were trained on more than one machine: "
+                                + ", ".join(sorted(str(g) for g in machine["gpu"])))
+    elif one.get("gpu") == "cpu":  # trained on a CPU: not the reader's GPU's figure, wherever it is read
+        e.update(gpu=None, note="CPU run: not a GPU figure")
+    elif one.get("gpu"):
         e.update(gpu=one["gpu"], read_on="the judge runs were trained on this GPU; this file was read from the "
                                           "search's MLflow store afterwards")
         e.pop("note", None)

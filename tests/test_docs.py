@@ -65,6 +65,20 @@ def test_a_new_result_records_revision_dirty_flag_and_placeholders(tmp_path, mon
     assert {"date", "gpu", "torch"} <= set(env)
 
 
+def test_a_judge_table_says_what_trained_its_runs_not_what_read_them(monkeypatch):
+    # read on an H200, a store of CPU-trained runs claimed the H200 (the GPU suite, 2026-12-05)
+    sys.path.insert(0, str(ROOT / "bench"))
+    judge = _module("bench/judge_table.py", "judge_table")
+    monkeypatch.setattr(judge, "env", lambda: {"gpu": "NVIDIA H200", "torch": "reader", "git_rev": "abc1234"})
+    cpu = judge.trained_env({"gpu": {"cpu"}, "torch": {"2.0"}, "git_revision": {"def5678-dirty"}})
+    assert cpu["gpu"] is None and "not a GPU figure" in cpu["note"] and cpu["torch"] == "2.0"
+    assert cpu["git_rev"] == "def5678" and cpu["git_dirty"] is True
+    gpu = judge.trained_env({"gpu": {"NVIDIA H100"}, "torch": {"2.0"}, "git_revision": {"def5678"}})
+    assert gpu["gpu"] == "NVIDIA H100" and "read_on" in gpu and "note" not in gpu
+    mixed = judge.trained_env({"gpu": {"cpu", "NVIDIA H100"}, "torch": {"2.0"}, "git_revision": {"def5678"}})
+    assert mixed["gpu"] is None and "NVIDIA H100, cpu" in mixed["note"]  # runs that disagree: no one GPU
+
+
 def test_readme_example_is_the_file_the_tests_run():
     """README's Python example is docs/examples/notebook.py's code (tests/test_usercode.py runs the file)."""
     readme = (ROOT / "README.md").read_text()

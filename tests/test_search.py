@@ -651,7 +651,8 @@ def test_the_judge_pairs_trial_and_reference_by_seed_at_the_production_length(tm
     assert table["paired_ratio_to_reference"]["exported"]["seeds"] == [0, 1]
     (static,) = [k for k in table["summary"] if k.startswith("static amp")]
     assert table["summary"][static]["efficiency"]["n"] == 2 and "B=" in static
-    # what trained the runs, as their tags recorded it (a CPU here: no GPU is claimed)
+    # what trained the runs, as their tags recorded it: a CPU (device: cpu), so no GPU is claimed, even where
+    # this test runs on a GPU machine
     import torch
 
     assert table["env"]["torch"] == torch.__version__ and table["env"]["gpu"] is None
