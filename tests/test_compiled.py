@@ -91,6 +91,25 @@ def test_compiled_triaccel_compiles_once_per_plan_and_matches_eager():
     assert torch.allclose(_params(comp), _params(eager), atol=2e-3)
 
 
+def test_under_compile_a_plan_whose_compile_outweighs_the_run_is_held():
+    """A new plan compiles a graph of its own. A run of a second or two cannot pay for a compile of
+    seconds, so the plan the controller asks for is held (plan_budget, 5 %), said once, and every
+    window trains the first plan."""
+    logs = []
+    t = build_trainer(small_cfg(**{"mode": "triaccel", "model.name": "mlp", "model.width": 32, "compile": "default",
+                                   "epochs": 1, "triaccel.batch.enabled": "false", "triaccel.curvature.enabled": "false",
+                                   "triaccel.control_every": 5, "triaccel.precision.min_dwell": 0,
+                                   "triaccel.precision.tau_low": 0.5, "triaccel.precision.tau_high": 1.0}),
+                      log=logs.append)
+    first = list(t.precision.levels())
+    t.fit()
+    rows = t.loop.trajectory
+    assert t.compiled.disabled is None, logs
+    assert sum(r.get("precision_held", 0) for r in rows) > 0  # the controller asked to move layers above the median
+    assert all(r["levels"] == first for r in rows) and t.precision.levels() == first
+    assert sum("[precision] plan held: a new plan compiles in about" in m for m in logs) == 1, logs
+
+
 @cuda
 def test_compiled_forward_inside_the_captured_step_trains_as_eager():
     """compile: default with capture: true, the Inductor kernels recorded in the step's graph."""

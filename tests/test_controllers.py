@@ -2,7 +2,8 @@
 import pytest
 
 from triaccel.config import BatchConfig, CurvatureConfig, PrecisionConfig
-from triaccel.controllers import BatchController, Controller, CurvatureController, PrecisionController, WindowStats
+from triaccel.controllers import (BatchController, Controller, CurvatureController, PlanBudget,
+                                  PrecisionController, WindowStats)
 
 GiB = 2**30
 
@@ -13,10 +14,10 @@ def pc(**kw):
     return PrecisionConfig(**base)
 
 
-def var(variance, window, overflow=None, promote=None):
+def var(variance, window, overflow=None, promote=None, new_plan=True):
     """A control window's statistics for the precision controller."""
     return WindowStats(window, 0, variance=tuple(variance), overflow=None if overflow is None else tuple(overflow),
-                       promote=None if promote is None else tuple(promote))
+                       promote=None if promote is None else tuple(promote), new_plan=new_plan)
 
 
 def eig(topk):
@@ -77,6 +78,53 @@ def test_overflow_promotes_fp16_layer_despite_dwell():
     c = PrecisionController(pc(hysteresis=0.0, min_dwell=100), 2, initial="fp16")
     d = c.decide(var([1e-9, 1e-9], 1, overflow=[True, False]))
     assert d.levels == ("bf16", "fp16") and d.reasons[0] == "overflow"
+
+
+def test_without_budget_for_a_new_plan_the_plan_holds_but_plans_already_run_and_overflows_move():
+    c = PrecisionController(pc(hysteresis=0.0), 3, initial="bf16")
+    d = c.decide(var([1e-7, 1e-5, 1e-3], 1))  # affordable: a new plan, taken
+    assert d.levels == ("fp16", "bf16", "fp32") and d.new_plan and d.held == 0
+    d = c.decide(var([1e-3, 1e-5, 1e-3], 2, new_plan=False))  # layer 0 would go fp32: a plan not run, held
+    assert d.levels == ("fp16", "bf16", "fp32") and d.held == 1 and d.reasons[0] == "held"
+    assert not d.new_plan and d.changed == 0 and d.base == ("fp16", "bf16", "fp32")  # the variance move undone
+    d = c.decide(var([1e-5, 1e-5, 1e-5], 3, new_plan=False))  # back to the first plan: run before, free
+    assert d.levels == ("bf16", "bf16", "bf16") and d.held == 0 and not d.new_plan and d.changed == 2
+    c = PrecisionController(pc(hysteresis=0.0), 2, initial="fp16")
+    d = c.decide(var([1e-3, 1e-9], 1, overflow=[False, True], new_plan=False))  # safety beats cost
+    assert d.levels == ("fp16", "bf16") and d.reasons == ("held", "overflow") and d.new_plan and d.held == 1
+
+
+def test_a_new_plan_is_taken_while_its_compile_fits_the_budget_of_the_run():
+    b = PlanBudget(0.05, run_examples=10_000)
+    assert b.affordable()  # nothing measured yet
+    b.start(compile_s=2.0)  # the first plan compiled in 2 s: the next is predicted to cost as much
+    b.observe(compile_s=2.0, seconds=1.0, examples=1000)  # 1 ms an example: a 10 s run, 0.5 s of budget
+    assert b.run_s == pytest.approx(10.0) and not b.affordable()
+    b = PlanBudget(0.05, run_examples=10_000)
+    b.start(compile_s=2.0)
+    b.observe(compile_s=2.0, seconds=50.0, examples=1000)  # a 500 s run: 25 s of budget
+    assert b.affordable()
+    b.took_new_plan()
+    b.observe(compile_s=14.0, seconds=62.0, examples=1000)  # the new plan compiled in 12 s, left out of the rate
+    assert b.spent == pytest.approx(12.0) and b.switch_s == pytest.approx(12.0) and b.run_s == pytest.approx(500.0)
+    assert b.affordable()  # 12 + 12 <= 25
+    b.took_new_plan()
+    b.observe(compile_s=27.0, seconds=63.0, examples=1000)
+    assert b.spent == pytest.approx(25.0) and not b.affordable()
+    b.observe(compile_s=30.0, seconds=53.0, examples=1000)  # a batch size's compile: not a plan's, not spent
+    assert b.spent == pytest.approx(25.0) and b.run_s == pytest.approx(500.0)
+
+
+def test_a_run_that_compiles_nothing_affords_every_plan_unless_the_budget_is_zero():
+    b = PlanBudget(0.05, run_examples=10_000)
+    b.start(0.0)
+    for _ in range(5):
+        b.observe(0.0, seconds=0.01, examples=1000)
+        assert b.affordable()
+        b.took_new_plan()
+    b = PlanBudget(0.0, run_examples=10_000)
+    b.start(0.0)
+    assert not b.affordable()
 
 
 def test_precision_state_roundtrip():

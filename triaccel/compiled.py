@@ -143,6 +143,10 @@ class CompiledForward:
         self.log(f"[compile] torch.compile({self.mode}) failed ({self.disabled}): the run goes on eager"
                  + _cache_hint(str(e)))
 
+    def seconds(self) -> float:
+        """This run's compile seconds so far."""
+        return _compile_seconds() - self._seconds0
+
     def stats(self) -> dict:
         breaks, why = _graph_breaks()
         breaks -= self._breaks0
@@ -151,6 +155,6 @@ class CompiledForward:
             self.log(f"[compile] {breaks} graph break{'s' if breaks > 1 else ''} (the first: {why[:160]}): those "
                      f"parts of the forward run eager")
         return {"compiled_graphs": _graphs_compiled() - self._graphs0,
-                "compile_s": _compile_seconds() - self._seconds0,
+                "compile_s": self.seconds(),
                 "graph_breaks": breaks,
                 "compile_disabled": int(self.disabled is not None)}

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from triaccel.config import TriAccelConfig
-from triaccel.controllers import BatchController, CurvatureController, PrecisionController, WindowStats
+from triaccel.controllers import BatchController, CurvatureController, PlanBudget, PrecisionController, WindowStats
 from triaccel.curvature import HessianProbe
 from triaccel.kernels import grad_stats, variance_ema
 from triaccel.measure import GiB, device_used_fraction, free_device, sync
@@ -92,6 +92,10 @@ class TriAccelLoop(Callback):
 
         self.prec = PrecisionController(c.precision, self.L, initial=tr.cfg.amp_dtype) \
             if c.precision.enabled else None
+        # what new plans may cost once: their compiles (none on an eager or captured run)
+        self.plan_budget = PlanBudget(c.precision.plan_budget, tr.cfg.epochs * len(tr.train_data)) \
+            if self.prec is not None else None
+        self.plan_t, self.plan_n, self.plan_held_said = 0.0, 0, False
         self.curv = CurvatureController(c.curvature, self.L) if c.curvature.enabled else None
         self.probe = None
         self.probe_weights = 0  # the trainer's weights_version the probe's graph was captured on
@@ -203,6 +207,10 @@ class TriAccelLoop(Callback):
             sync(tr.device)
             self.t_start = time.perf_counter()
             self.first_step_s = self.t_start - tr.epoch_t0 if tr.epoch_t0 is not None else None
+            if self.plan_budget is not None:
+                self.plan_budget.start(self._compile_s(tr))
+        elif self.plan_budget is not None:
+            self.plan_n += info.n_examples
         if self.batch is not None:
             if self.win_t is None:  # a window starts after this step (the first step's set-up is not timed)
                 sync(tr.device)
@@ -326,17 +334,23 @@ class TriAccelLoop(Callback):
         overflow = (self.nonfinite > 0).tolist()
         self.nonfinite.zero_()
         peak = tr.meter.window_peak_bytes()
+        new_plan = self._observe_plan_cost(tr)
         batch_decides = self.batch is not None and not (self.batch.exploring and step % self.cfg.batch.explore_steps)
         if self.batch is not None and not batch_decides:
             self.win_peak = max(self.win_peak, peak)  # mid-window: the batch window decides at its own end
         stats = WindowStats(self.window, step, variance=tuple(var[:self.L]), overflow=tuple(overflow[:self.L]),
-                            promote=tuple(self.promote) if self.curv is not None else None,
+                            promote=tuple(self.promote) if self.curv is not None else None, new_plan=new_plan,
                             **(self._batch_measures(tr, peak) if batch_decides else {}))
         row = {"window": self.window, "step": step, "epoch": tr.epoch + 1, "t_s": self._t()}
         if self.prec is not None:
             dec = self.prec.decide(stats)
             self.pending.levels = dict(zip(self.names, dec.levels))
             row["precision_changed"] = dec.changed
+            if dec.new_plan:
+                self.plan_budget.took_new_plan()
+            if dec.held:
+                row["precision_held"] = dec.held
+                self._say_plan_held()
             # settled: a window after the first decision, changing nothing
             self.plan_stable = self.window >= 2 and dec.changed == 0
         row["peak_mem_gib"] = peak / GiB
@@ -349,6 +363,33 @@ class TriAccelLoop(Callback):
                    lr_factor=self._now(tr, "batch_lr_factor"), levels=self._levels_now(tr),
                    variance=var[:self.L], lam=list(self.lam), lr_scale=self._lr_scale_now(tr))
         self.trajectory.append(row)
+
+    @staticmethod
+    def _compile_s(tr) -> float:
+        return tr.compiled.seconds() if tr.compiled is not None else 0.0
+
+    def _observe_plan_cost(self, tr) -> bool:
+        """Feeds the plan budget this window's compile seconds, host seconds and examples (after the
+        window's host read, so its device work is in them); whether a new plan is affordable."""
+        if self.plan_budget is None:
+            return True
+        now = self._t()
+        self.plan_budget.observe(self._compile_s(tr), now - self.plan_t, self.plan_n)
+        self.plan_t, self.plan_n = now, 0
+        return self.plan_budget.affordable()
+
+    def _say_plan_held(self):
+        if self.plan_held_said:
+            return
+        self.plan_held_said = True
+        b = self.plan_budget
+        if b.budget <= 0:
+            self.log("[precision] plan held: triaccel.precision.plan_budget is 0, so no new plan is taken "
+                     "(an fp16 overflow still moves its layer)")
+        else:
+            self.log(f"[precision] plan held: a new plan compiles in about {b.switch_s:.1f} s once ({b.spent:.1f} s "
+                     f"spent), over {b.budget:.0%} of the run's predicted {b.run_s:.0f} s "
+                     f"(triaccel.precision.plan_budget); plans already run and an fp16 overflow's move still apply")
 
     def _batch_window(self, tr, step):
         """A short window of the batch controller alone (score policy, while it explores)."""

@@ -10,7 +10,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 from triaccel.controllers.batch import BatchController, BatchDecision, OomSplit, oom_split
 from triaccel.controllers.curvature import CurvatureController, CurvatureDecision
-from triaccel.controllers.precision import PrecisionController, PrecisionDecision
+from triaccel.controllers.precision import PlanBudget, PrecisionController, PrecisionDecision
 from triaccel.controllers.stats import WindowStats
 
 D = TypeVar("D", covariant=True)
@@ -26,4 +26,4 @@ class Controller(Protocol[D]):
 
 
 __all__ = ["BatchController", "BatchDecision", "Controller", "CurvatureController", "CurvatureDecision",
-           "OomSplit", "PrecisionController", "PrecisionDecision", "WindowStats", "oom_split"]
+           "OomSplit", "PlanBudget", "PrecisionController", "PrecisionDecision", "WindowStats", "oom_split"]

@@ -35,3 +35,5 @@ class WindowStats:
     # seconds the run's first training step took (this process's): the kernels of its shapes chosen or
     # tuned, the allocator grown. The batch controller reads it as what a new batch size costs once
     first_step_s: float | None = None
+    # whether a precision plan not yet run may be taken (triaccel.controllers.precision.PlanBudget)
+    new_plan: bool = True
