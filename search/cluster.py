@@ -153,7 +153,7 @@ def _token_auth_for_this_node(address: str) -> None:
 
 def init_ray(address: str | None, quiet: bool = True, runtime_env: dict | None = None) -> None:
     """Ray, local or joined at ``address``; ``runtime_env`` ships the user's code to every worker
-    (triaccel.userdef.runtime_env_for)."""
+    (triaccel.userref.runtime_env_for)."""
     import logging
 
     import ray

@@ -55,7 +55,7 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
         print(f"triaccel: note: {space.source} has {len(space.start)} start points and the search runs "
               f"{space.trials} trials: only the first {space.trials} run", file=sys.stderr, flush=True)
     check_resources(space, address)
-    from triaccel.userdef import check_user_code
+    from triaccel.userref import check_user_code
 
     runtime_env, callables = check_user_code(space)  # a bad model or data reference: before anything is written
     path = tune_root() / name
@@ -119,7 +119,7 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
 def _resume(name: str, state: dict, address: str | None, confirm: int | None, asked: int | None = None) -> dict:
     check_address(address or state.get("address"))
     space = saved_space(state)
-    from triaccel.userdef import check_user_code, use_runtime_env
+    from triaccel.userref import check_user_code, use_runtime_env
 
     use_runtime_env(state.get("runtime_env"))  # the user's code where the search found it, from any folder
     check_user_code(space)  # a function handed from Python is refused here unless handed again (triaccel.resume)

@@ -149,7 +149,7 @@ def run_trial(config: dict, space_data: dict, shared: int, gpu_fraction: float, 
     import torch
     from ray import tune
 
-    from triaccel.userdef import CALLABLES
+    from triaccel.userref import CALLABLES
 
     CALLABLES.update(factories or {})
 

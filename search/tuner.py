@@ -108,7 +108,7 @@ def trial_trainable(space: SearchSpace, shared: int, ref_curve: list | None):
     res = {"cpu": space.cpus_per_trial}
     if on_gpu(space):
         res["gpu"] = space.gpus_per_trial
-    from triaccel.userdef import shipped
+    from triaccel.userref import shipped
 
     fn = tune.with_parameters(run_trial, space_data=space.raw, shared=shared,
                               gpu_fraction=space.gpus_per_trial if on_gpu(space) else 1.0,

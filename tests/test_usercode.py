@@ -133,9 +133,23 @@ def tiny_data(n=300, tensors=False):
     return {"train": Pairs()}
 
 
+def test_references_are_checked_and_shipped_without_torch_until_user_code_is_built(tmp_path):
+    """A search's driver imports torch only to build the user's data or model (triaccel.userref)."""
+    code = ("import sys; from triaccel.userref import check_references, runtime_env_for, search_references; "
+            "train = {'model': {'name': 'small_cnn'}, 'data': {'name': 'digits'}}; check_references(train); "
+            "runtime_env_for(search_references(train)); print('torch' in sys.modules); "
+            "check_references({'model': {'class_path': 'torch.nn:Identity'}, 'data': {'name': 'digits'}}); "
+            "print('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env=child_env())
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["False", "True"]
+
+
 def test_any_dataset_is_stacked_and_val_carved_stratified():
     from triaccel.config import DataConfig
-    from triaccel.userdef import load_user_splits, reference_of
+    from triaccel.userdef import load_user_splits
+    from triaccel.userref import reference_of
 
     dc = DataConfig(class_path=reference_of(tiny_data, "data"), val_fraction=0.2, split_seed=3)
     sp = load_user_splits(dc)

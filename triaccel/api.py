@@ -38,7 +38,7 @@ class SearchResult:
 
 
 def _with_refs(data: dict, model, data_factory) -> dict:
-    from triaccel.userdef import reference_of
+    from triaccel.userref import reference_of
 
     data = dict(data)
     for section, fn in (("model", model), ("data", data_factory)):
@@ -203,7 +203,7 @@ def resume(name: str, model: Callable | str | None = None, data: Callable | str 
     """Continue a stopped search; a search started with functions that have no import path needs them again."""
     from triaccel.search.runner import resume_search
     from triaccel.search.state import read_state
-    from triaccel.userdef import CALLABLES, is_callable_ref
+    from triaccel.userref import CALLABLES, is_callable_ref
 
     train = read_state(name)["space"].get("train") or {}
     for section, fn in (("model", model), ("data", data)):
