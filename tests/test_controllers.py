@@ -113,6 +113,9 @@ def test_a_new_plan_is_taken_while_its_compile_fits_the_budget_of_the_run():
     assert b.spent == pytest.approx(25.0) and not b.affordable()
     b.observe(compile_s=30.0, seconds=53.0, examples=1000)  # a batch size's compile: not a plan's, not spent
     assert b.spent == pytest.approx(25.0) and b.run_s == pytest.approx(500.0)
+    b.took_new_plan()
+    b.observe(compile_s=30.0, seconds=50.0, examples=1000)  # a plan that compiled nothing keeps the prediction
+    assert b.spent == pytest.approx(25.0) and b.switch_s == pytest.approx(13.0)
 
 
 def test_a_run_that_compiles_nothing_affords_every_plan_unless_the_budget_is_zero():

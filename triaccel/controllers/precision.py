@@ -145,7 +145,8 @@ class PlanBudget:
         grown, self.compile_s = max(0.0, compile_s - self.compile_s), compile_s
         if self.pending:
             self.spent += grown
-            self.switch_s = grown
+            if grown > 0:  # a plan that compiled nothing (the same graph: fp16 run as bf16 on a CPU) predicts nothing
+                self.switch_s = grown
             self.pending = False
         if seconds is not None and examples > 0 and seconds > grown:
             rate = (seconds - grown) / examples
