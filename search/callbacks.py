@@ -45,6 +45,46 @@ def failure_reason(trial) -> str:
     return (lines[-1] if lines else "unknown error")[:500]
 
 
+def param_importances(space, done: list[dict]) -> dict:
+    """{target: {param: importance}} from Optuna (PED-ANOVA) over the finished trials, for efficiency and
+    validation accuracy. A target the trials cannot tell apart (every value equal: Optuna would give every
+    parameter the same share and warn on stderr) has no entry."""
+    if len(done) < 3:
+        return {}
+    import warnings
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    dists = {}
+    for k, p in space.params.items():
+        dists[k] = space.optuna_distributions().get(k) or optuna.distributions.FloatDistribution(
+            p.low, p.high, log=p.distribution == "loguniform")
+    out = {}
+    for target in ("efficiency", "val_acc"):
+        study = optuna.create_study(direction="maximize")
+        for r in done:
+            if target not in r["metrics"]:
+                continue
+            try:
+                study.add_trial(optuna.trial.create_trial(params={k: r["values"][k] for k in dists},
+                                                          distributions=dists, value=r["metrics"][target]))
+            except Exception:  # noqa: BLE001 -- a trial whose values the distributions refuse is left out
+                continue
+        if len({t.value for t in study.trials}) < 2:
+            continue
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            try:
+                imp = optuna.importance.get_param_importances(study)
+            except Exception:  # noqa: BLE001 -- importances are a summary: none rather than a failed search
+                continue
+        if any("importances will be equal" in str(w.message) for w in said):
+            continue
+        out[target] = {k: float(v) for k, v in imp.items()}
+    return out
+
+
 class MLflowSearchCallback(Callback):
     def __init__(self, tracking_uri: str, experiment: str, search: str, space, shared: int, gpu_share: float = 1.0):
         self.tracking_uri = tracking_uri
@@ -228,7 +268,7 @@ class MLflowSearchCallback(Callback):
                                 "trials_stopped": len(o.stopped)}, step=o.trials)
         if not done:
             return summary
-        imp = self._importances(done)
+        imp = param_importances(self.space, done)
         if imp:
             log_yaml_artifact(c, parent, imp, "param_importances.yaml")
             for k, v in imp.get("efficiency", {}).items():
@@ -239,36 +279,6 @@ class MLflowSearchCallback(Callback):
             if p:
                 c.log_artifact(parent, str(p))
         return summary
-
-    def _importances(self, done) -> dict:
-        """Parameter importances from Optuna, over the finished trials (PED-ANOVA/fANOVA default)."""
-        if len(done) < 3:
-            return {}
-        import optuna
-
-        optuna.logging.set_verbosity(optuna.logging.ERROR)
-        space = self.space
-        dists = {}
-        for k, p in space.params.items():
-            d = space.optuna_distributions().get(k) or optuna.distributions.FloatDistribution(p.low, p.high,
-                                                                                              log=p.distribution == "loguniform")
-            dists[k] = d
-        out = {}
-        for target in ("efficiency", "val_acc"):
-            study = optuna.create_study(direction="maximize")
-            for r in done:
-                if target not in r["metrics"]:
-                    continue
-                try:
-                    study.add_trial(optuna.trial.create_trial(params={k: r["values"][k] for k in dists},
-                                                              distributions=dists, value=r["metrics"][target]))
-                except Exception:
-                    continue
-            try:
-                out[target] = {k: float(v) for k, v in optuna.importance.get_param_importances(study).items()}
-            except Exception:
-                pass
-        return out
 
     def _plot(self, done, folder: Path, front, infeasible=frozenset()):
         import matplotlib

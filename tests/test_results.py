@@ -338,3 +338,28 @@ def test_the_summary_lists_every_trial_and_says_what_asha_did(capsys):
     assert "asha stopped early at epoch 2 (ASHA)" in out and "bad failed: Diverged: x" in out
     assert next(ln for ln in out.splitlines() if " t0 " in ln).split()[0].endswith("s")
     assert "efficiency score" in out
+
+
+def test_importances_name_the_parameter_that_decides_and_none_where_every_trial_scored_alike():
+    """Optuna gives every parameter the same share, and warns on stderr, where every trial scored
+    the same: the parent run then records no importances for that target."""
+    import random
+    import warnings
+
+    from _harness import DIGITS_SPACE
+    from triaccel.search.callbacks import param_importances
+    from triaccel.search.space import parse_space
+
+    space = parse_space(dict(DIGITS_SPACE), source="x", sha256="0")
+    rnd = random.Random(0)
+    rows = []
+    for _ in range(12):
+        values = {k: rnd.uniform(p.low, p.high) for k, p in space.params.items()}
+        rows.append({"values": values, "metrics": {"efficiency": 100 * values["triaccel.batch.rho_low"],
+                                                   "val_acc": 90.0}})
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        imp = param_importances(space, rows)
+    assert max(imp["efficiency"], key=imp["efficiency"].get) == "triaccel.batch.rho_low"
+    assert "val_acc" not in imp and not [str(w.message) for w in said]
+    assert param_importances(space, rows[:2]) == {}  # too few trials to rank anything
