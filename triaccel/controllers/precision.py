@@ -2,7 +2,7 @@
 
     level_l = FP16 if v_l < tau_low;  BF16 if tau_low <= v_l < tau_high;  FP32 if v_l >= tau_high
 
-with three additions that keep it stable and safe:
+with four additions that keep it stable, safe and worth its cost:
 - hysteresis: to move up across a threshold tau, v must reach tau*(1+h); to move down it must
   fall below tau*(1-h), so a layer sitting on a threshold does not flip every window;
 - minimum dwell: after a change a layer keeps its level for ``min_dwell`` windows;
@@ -35,7 +35,7 @@ LEVELS = ("fp16", "bf16", "fp32")
 class PrecisionDecision:
     levels: tuple  # effective level name per layer
     base: tuple  # level from the variance alone (with hysteresis and dwell)
-    reasons: tuple  # per layer: "", "curvature", "overflow"
+    reasons: tuple  # per layer: "", "curvature", "overflow", "held"
     changed: int  # layers whose effective level changed this window
     held: int = 0  # layers whose move the plan budget held (reason "held")
     new_plan: bool = False  # the effective plan is one not run before in this process
