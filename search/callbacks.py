@@ -56,10 +56,10 @@ def param_importances(space, done: list[dict]) -> dict:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    dists = {}
-    for k, p in space.params.items():
-        dists[k] = space.optuna_distributions().get(k) or optuna.distributions.FloatDistribution(
-            p.low, p.high, log=p.distribution == "loguniform")
+    sampled = space.optuna_distributions()
+    dists = {k: sampled.get(k) or optuna.distributions.FloatDistribution(p.low, p.high,
+                                                                         log=p.distribution == "loguniform")
+             for k, p in space.params.items()}
     out = {}
     for target in ("efficiency", "val_acc"):
         study = optuna.create_study(direction="maximize")
