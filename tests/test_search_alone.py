@@ -56,19 +56,26 @@ def test_the_strongest_kinds_run_first_and_larger_batches_first_within_a_kind():
         "amp-bf16-B512", "amp-bf16-B96"]
 
 
-def test_run_baselines_stops_a_dominated_one_and_keeps_it_out_of_the_reference(tmp_path, capsys):
+def test_run_baselines_stops_a_dominated_one_and_keeps_it_out_of_the_reference(tmp_path, capsys, monkeypatch):
     """The driver's baseline phase on a real MLflow store, no Ray. B=64 has finished (a search resumed
-    after its first baseline); B=2048 (the whole digits training set in one step, at many times B=64's
-    peak) then stops after epoch 2 as unable to reach it. Resumed again, the phase trains neither."""
+    after its first baseline); B=2048 (the whole digits training set in one step, at 17x B=64's peak)
+    then stops after epoch 2 as unable to reach it. Resumed again, the phase trains neither.
+
+    The bound is taken at epochs 20x slower, not 2x faster: B=2048's one-step epoch is faster than
+    B=64's 19 steps by a factor that grows with the CPU's cores (about 1.2x here, more than 6x on the CI
+    machine, where the bound at 2x then cleared B=64's score), and this test is about the phase, not
+    the margin; the margin's rule is the callback tests' above."""
     import copy
 
     from _harness import DIGITS_SPACE, with_store
+    from triaccel.search import alone
     from triaccel.search.alone import run_baselines
     from triaccel.search.results import trial_table
     from triaccel.search.tags import TAG_DOMINATED
     from triaccel.search.space import parse_space
     from triaccel.search.state import open_store, read_outcome
 
+    monkeypatch.setattr(alone, "DOMINATED_SPEEDUP", 0.05)
     uri = f"sqlite:///{with_store(tmp_path)}/mlruns/mlflow.db"
     for sizes in ([64], [64, 2048]):
         d = copy.deepcopy(DIGITS_SPACE)
