@@ -343,7 +343,8 @@ def net(num_classes, in_channels, image_size):
 def test_a_search_stops_in_its_baselines_when_the_sigterm_lands_in_a_weakref_callback(tmp_path):
     """`triaccel search` gets SIGTERM while a weakref callback runs in its first baseline: the exception
     is dropped, yet the search stops there (exit 143, the line naming resume, its runs KILLED) and
-    trains neither the rest of that baseline nor the next one."""
+    trains neither the rest of that baseline nor the next one. The dropped exception prints no
+    traceback ("Exception ignored in ..."): the one line is all the user reads."""
     with_store(tmp_path)
     (tmp_path / "stopmodel.py").write_text(MODEL)
     space = dict(SPACE, name="w", baseline={"batch_sizes": [8, 16]})
@@ -352,7 +353,7 @@ def test_a_search_stops_in_its_baselines_when_the_sigterm_lands_in_a_weakref_cal
     r = subprocess.run([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml"], cwd=tmp_path,
                        capture_output=True, text=True, env=user_env(), timeout=600)
     assert (tmp_path / "signalled").exists(), r.stderr[-3000:]
-    assert "Exception ignored in" in r.stderr and "KeyboardInterrupt" in r.stderr, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "Exception ignored in" not in r.stderr, r.stderr[-3000:]
     assert r.returncode == 143, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
     assert r.stderr.strip().splitlines()[-1] == ("triaccel: interrupted: search 'w' stopped before it finished: "
                                                  "`triaccel resume w` continues it")

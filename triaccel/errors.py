@@ -20,9 +20,10 @@ class DataError(TriAccelError):
 
 # A stop asked for (SIGTERM; Ctrl-C through _on_int) and not yet carried out. The handlers raise
 # KeyboardInterrupt at once as well, but Python drops an exception raised while it runs a weakref
-# callback or ``__del__`` (it prints "Exception ignored in ..." and goes on): torch's compile caches
-# run such callbacks all through a run. The long loops read this at their safe points (check_stop),
-# so a stop whose exception was dropped still ends the work there.
+# callback or ``__del__`` (it reports it through sys.unraisablehook, "Exception ignored in ...", and
+# goes on): torch's compile caches run such callbacks all through a run. The long loops read this at
+# their safe points (check_stop), so a stop whose exception was dropped still ends the work there,
+# and _quiet_dropped_stop keeps the dropped exception's traceback off the user's terminal.
 _STOP = False
 
 
@@ -53,6 +54,25 @@ def stop_done() -> None:
     _STOP = False
 
 
+_REPORT = None  # the sys.unraisablehook in place before _quiet_dropped_stop
+
+
+def _quiet_dropped_stop(unraisable) -> None:
+    """sys.unraisablehook: a KeyboardInterrupt dropped while a stop stands is the stop itself, which
+    check_stop carries out; it is not reported. Anything else goes to the hook that was in place."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and _STOP:
+        return None
+    return _REPORT(unraisable)
+
+
+def _install_quiet_dropped_stop() -> None:
+    import sys
+
+    global _REPORT
+    if sys.unraisablehook is not _quiet_dropped_stop:
+        _REPORT, sys.unraisablehook = sys.unraisablehook, _quiet_dropped_stop
+
+
 def _on_int(signum, frame):
     request_stop(signum)
     raise KeyboardInterrupt
@@ -79,6 +99,7 @@ def stop_on_ctrl_c() -> None:
     if threading.current_thread() is threading.main_thread() and \
             signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_int)
+        _install_quiet_dropped_stop()
 
 
 def stop_on_sigterm() -> None:
@@ -92,6 +113,7 @@ def stop_on_sigterm() -> None:
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_term)
+        _install_quiet_dropped_stop()
 
 
 def _chain(e: BaseException | None):
