@@ -74,18 +74,29 @@ def check_can_extend(name: str, trials: int, state: dict) -> str:
 
 
 def extend_search(name: str, trials: int, address: str | None = None, confirm: int | None = None) -> dict:
+    from triaccel.search.alone import check_confirm
+    from triaccel.search.lock import driver_lock
+    from triaccel.search.state import read_state, saved_option, tune_root
+
+    state = read_state(name)
+    check_confirm(confirm)
+    if confirm is None:  # as the search was started: trials the search's rules rank must be confirmed alike
+        confirm = saved_option(state, "confirm")
+    with driver_lock(name, tune_root() / name, "extend"):  # one driver per search, extensions included
+        return _extend(name, state, trials, address, confirm)
+
+
+def _extend(name: str, state: dict, trials: int, address: str | None, confirm: int | None) -> dict:
     from triaccel.search import phases
-    from triaccel.search.alone import check_confirm, default_confirm, run_baselines
+    from triaccel.search.alone import default_confirm, run_baselines
     from triaccel.search.cluster import check_address, init_ray, on_gpu
     from triaccel.search.results import trial_table
     from triaccel.search.runner import finish
     from triaccel.search.signals import bounded_http_retries, interruptible, own_signals
-    from triaccel.search.state import open_store, read_state, saved_space, tune_root
-    from triaccel.search.tuner import new_searcher, new_tuner, quiet_tune_failures
+    from triaccel.search.state import open_store, saved_space, tune_root
+    from triaccel.search.tuner import left_to_run, new_searcher, new_tuner, quiet_tune_failures
     from triaccel.tracking import log_metrics
 
-    state = read_state(name)
-    check_confirm(confirm)
     space = saved_space(state)
     bounded_http_retries()
     uri = check_can_extend(name, trials, state)
@@ -109,15 +120,7 @@ def extend_search(name: str, trials: int, address: str | None = None, confirm: i
                                                              f"tags.`triaccel.role` = 'parent'", max_results=1)))
         if seen is not None:
             log_metrics(c, parent.info.run_id, {"extend_seen_trials": seen}, step=int(tune_dir.name.split("-")[1]))
-        left = 0 if watch.stopped is False else _left(tune_dir, trials)  # as check_finished: no signal, none left
+        left = 0 if watch.stopped is False else left_to_run(name, trials, tune_dir)  # as check_finished
         if left:
-            raise Interrupted(f"{left} of the {trials} added trials left; `triaccel extend {name}` adds more")
+            raise Interrupted(f"{left} of the {trials} added trials left")
         return finish(name, space, uri, default_confirm(confirm, state["shared"], on_gpu(space)))
-
-
-def _left(tune_dir, planned: int) -> int:
-    from ray.tune import ExperimentAnalysis
-
-    if not any(tune_dir.glob("experiment_state-*.json")):
-        return planned
-    return max(0, planned - sum(t.status in ("TERMINATED", "ERROR") for t in ExperimentAnalysis(str(tune_dir)).trials))

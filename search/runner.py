@@ -20,7 +20,8 @@ from triaccel.search.state import (EXPERIMENT, STATE_FILE, check_name, close_orp
                                    note_space_edits, open_store, parent_run, read_outcome, read_state, record_best,
                                    saved_option, saved_space, search_finished, sqlite_path, state_store, tune_root, usable_store,
                                    write_state)
-from triaccel.search.tuner import check_finished, new_tuner, quiet_tune_failures, restorable, trial_trainable
+from triaccel.search.tuner import (check_finished, new_tuner, quiet_tune_failures, restorable, trial_trainable,
+                                  unfinished_extension)
 
 
 def run_search(space_path: str, name: str | None = None, trials: int | None = None, concurrency: int | None = None,
@@ -141,9 +142,11 @@ def _resume(name: str, state: dict, address: str | None, confirm: int | None, as
         print(f"triaccel resume '{name}': the search has finished; nothing was left to run (export it: "
               f"triaccel export {name} --out tuned.yaml)", flush=True)
         return {"finished_already": True}
-    restore = restorable(name, space)  # before anything runs: a state that cannot finish is refused here
+    ext = unfinished_extension(name)  # a stopped `extend`: its own Tune folder, its own trials
+    restore = ext is not None or restorable(name, space)  # before anything runs: a state that cannot finish is refused
+    folder, planned = ext or (tune_root() / name, space.trials)
     note_space_edits(state)
-    print(f"triaccel resume '{name}': " + (f"restoring {tune_root() / name}" if restore else
+    print(f"triaccel resume '{name}': " + (f"restoring {folder}" if restore else
                                           "Tune saved no trial yet: starting the trials"), flush=True)
     with interruptible(name, uri):
         with phases.timed(uri, name, "baselines"):
@@ -153,14 +156,14 @@ def _resume(name: str, state: dict, address: str | None, confirm: int | None, as
         quiet_tune_failures()
         if restore:
             trainable = trial_trainable(space, state["shared"], ref_curve)
-            tuner = tune.Tuner.restore(str(tune_root() / name), trainable=trainable,
+            tuner = tune.Tuner.restore(str(folder), trainable=trainable,
                                        resume_unfinished=True, resume_errored=False, restart_errored=False)
         else:  # stopped before Tune saved its first state (in the baselines or Tune's start-up): trials start now
             close_orphan_trials(name, uri)
             tuner = new_tuner(space, name, uri, state["shared"], ref_curve)
         with own_signals() as watch, phases.timed(uri, name, "trials"):
             tuner.fit()
-        check_finished(name, space.trials, watch.stopped)
+        check_finished(name, planned, watch.stopped, folder)
         return finish(name, space, uri, default_confirm(confirm, state["shared"], on_gpu(space)))
 
 

@@ -219,6 +219,20 @@ def restorable(name: str, space: SearchSpace) -> bool:
     return True
 
 
+def unfinished_extension(name: str) -> tuple[Path, int] | None:
+    """The newest ``triaccel extend`` of the search, as (its Tune folder, the trials it added), where it
+    was stopped with trials left and Tune saved its state: what ``resume`` continues. None where there
+    is none (an extension stopped before Tune saved anything started no trial: ``extend`` adds them)."""
+    folders = sorted((p for p in (tune_root() / name).glob("extend-*") if p.name[7:].isdigit()),
+                     key=lambda p: int(p.name[7:]))
+    if not folders or not any(folders[-1].glob("experiment_state-*.json")):
+        return None
+    planned = planned_by_tune(folders[-1])
+    if planned is None or not left_to_run(name, planned, folders[-1]):
+        return None
+    return folders[-1], planned
+
+
 def planned_by_tune(path: Path) -> int | None:
     """The number of trials Tune's saved search generator will create in all (None if unread)."""
     try:
@@ -230,18 +244,19 @@ def planned_by_tune(path: Path) -> int | None:
         return None
 
 
-def left_to_run(name: str, planned: int) -> int:
+def left_to_run(name: str, planned: int, path: Path | None = None) -> int:
     """Trials a ``resume`` would still run, from the experiment state Tune saved (what ``resume``
-    restores): those not created yet and those neither terminated nor errored."""
+    restores) in ``path`` (default: the search's Tune folder; an extension's folder of its own):
+    those not created yet and those neither terminated nor errored."""
     from ray.tune import ExperimentAnalysis
 
-    path = tune_root() / name
+    path = path or tune_root() / name
     if not any(path.glob("experiment_state-*.json")):
         return planned
     return max(0, planned - sum(t.status in ("TERMINATED", "ERROR") for t in ExperimentAnalysis(str(path)).trials))
 
 
-def check_finished(name: str, planned: int, stopped: bool | None = None) -> None:
+def check_finished(name: str, planned: int, stopped: bool | None = None, path: Path | None = None) -> None:
     """Tune meets Ctrl-C (SIGINT) by stopping the trials, saving its state and returning as if the
     search had finished. Its loop ends without an error in two ways only: every trial ended (an
     errored one included: a trial whose worker died is ERROR), or a stop signal reached its handler.
@@ -252,6 +267,6 @@ def check_finished(name: str, planned: int, stopped: bool | None = None) -> None
     clean-up marks the trials it stopped TERMINATED)."""
     if stopped is False:
         return
-    left = left_to_run(name, planned)
+    left = left_to_run(name, planned, path)
     if left:
         raise Interrupted(f"{left} of {planned} trials left")

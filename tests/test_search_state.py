@@ -383,6 +383,46 @@ def test_resume_keeps_the_options_the_search_was_started_with(tmp_path):
     r = cli("searches", cwd=tmp_path)
     assert r.returncode == 0 and next(ln for ln in r.stdout.splitlines() if ln.startswith("o ")).split()[3] == \
         "finished", r.stdout
+    # extend: refused while another driver holds the search; run alone, it confirms as the search was started
+    import fcntl
+
+    with open(tmp_path / "mlruns" / "tune" / "o" / "driver.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        r = cli("extend", "o", "--trials", "1", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith(
+        "triaccel: error: search 'o' is being run by"), r.stderr[-2000:]
+    r = cli("extend", "o", "--trials", "1", cwd=tmp_path)
+    assert r.returncode == 0 and "confirm " in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    assert sorted(x.info.status for x in runs(tmp_path, "o")[1] if x.data.tags["triaccel.role"] == "trial") == [
+        "FINISHED"] * 2
+
+
+@pytest.mark.slow
+def test_resume_continues_an_extend_stopped_with_trials_left(tmp_path):
+    """`extend` stopped by Ctrl-C after its first trial: `resume` (as the stop's line says) runs the added
+    trials left, not the finished search's own folder again, and leaves no run RUNNING."""
+    with_store(tmp_path)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
+    assert run_search(tmp_path, "--space", "space.yaml", "--name", "x", "--trials", "1").returncode == 0
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "extend", "x", "--trials", "3"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=user_env(),
+                            start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("trial"):  # the first added trial has ended; the others run
+                os.killpg(proc.pid, signal.SIGINT)
+                break
+        _, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and "`triaccel resume x` continues it" in err, err[-2000:]
+    r = cli("resume", "x", cwd=tmp_path)
+    assert r.returncode == 0 and "extend-1" in r.stdout.splitlines()[0], r.stdout[-2000:] + r.stderr[-2000:]
+    _, all_runs = runs(tmp_path, "x")
+    trials = [x.info.status for x in all_runs if x.data.tags["triaccel.role"] == "trial"]
+    assert trials.count("FINISHED") == 4 and "RUNNING" not in trials, trials  # the search's one and the 3 added
+    assert "search 'x': 4 finished" in r.stdout, r.stdout[-2000:]
 
 
 
