@@ -178,12 +178,13 @@ def run_baselines(name: str, space: SearchSpace, uri: str, shared: int, fresh: b
 
 
 def close_cut_short(name: str, uri: str) -> None:
-    """Confirm and second-look runs a crash left RUNNING are closed KILLED (the rules never read
+    """Confirm, second-look and judge runs a crash left RUNNING are closed KILLED (the rules never read
     them; ``resume`` runs them again), as the baselines' are."""
+    from triaccel.search.judge import ROLE as JUDGE
     from triaccel.search.tags import TAG_ROLE, TAG_SEARCH
 
     c, exp = open_store(uri)
-    for role in ("confirm", "recheck"):
+    for role in ("confirm", "recheck", JUDGE):
         for r in c.search_runs([exp], filter_string=f"tags.`{TAG_SEARCH}` = '{name}' and tags.`{TAG_ROLE}` = "
                                                     f"'{role}' and attributes.status = 'RUNNING'", max_results=10000):
             c.set_terminated(r.info.run_id, status="KILLED")

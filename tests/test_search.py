@@ -497,8 +497,8 @@ def test_a_trial_just_below_the_margin_gets_a_second_seed_beside_the_reference(t
         assert "triaccel" not in yaml.safe_load((tmp_path / "tuned.yaml").read_text())  # static AMP: inert
 
 
-def test_confirm_and_second_look_runs_a_crash_cut_short_are_closed_killed(tmp_path):
-    """A driver killed mid confirm or second look left that run RUNNING beside the one `resume`
+def test_confirm_second_look_and_judge_runs_a_crash_cut_short_are_closed_killed(tmp_path):
+    """A driver killed mid confirm, second look or judge left that run RUNNING beside the one `resume`
     ran again, for good; they are closed KILLED before the confirm step starts (as baselines are),
     and other searches' runs and finished runs are left as they are."""
     from triaccel.search.alone import close_cut_short
@@ -508,7 +508,7 @@ def test_confirm_and_second_look_runs_a_crash_cut_short_are_closed_killed(tmp_pa
     c, exp = open_store(uri)
     ids = {}
     for search, role, done in [("a", "recheck", False), ("a", "confirm", False), ("a", "recheck", True),
-                               ("a", "trial", False), ("b", "recheck", False)]:
+                               ("a", "judge", False), ("a", "trial", False), ("b", "recheck", False)]:
         r = c.create_run(exp, tags={"triaccel.search": search, "triaccel.role": role})
         if done:
             c.set_terminated(r.info.run_id, status="FINISHED")
@@ -516,7 +516,7 @@ def test_confirm_and_second_look_runs_a_crash_cut_short_are_closed_killed(tmp_pa
     close_cut_short("a", uri)
     status = {k: c.get_run(v).info.status for k, v in ids.items()}
     assert status == {("a", "recheck", False): "KILLED", ("a", "confirm", False): "KILLED",
-                      ("a", "recheck", True): "FINISHED", ("a", "trial", False): "RUNNING",
+                      ("a", "recheck", True): "FINISHED", ("a", "judge", False): "KILLED", ("a", "trial", False): "RUNNING",
                       ("b", "recheck", False): "RUNNING"}, status
 
 
