@@ -9,15 +9,15 @@ import os
 import sys
 from pathlib import Path
 
-from triaccel.errors import ConfigError, check_stop
+from triaccel.errors import ConfigError, TriAccelError, check_stop
 from triaccel.search import phases
 from triaccel.search.alone import check_confirm, confirm_top, default_confirm, run_baselines
 from triaccel.search.cluster import check_address, check_resources, init_ray, on_gpu, shared_trials
 from triaccel.search.lock import driver_lock
 from triaccel.search.signals import bounded_http_retries, interruptible, own_signals
 from triaccel.search.space import CONTROLLER_DEFAULTS, MAX_TRIALS, SearchSpace, load_space
-from triaccel.search.state import (EXPERIMENT, STATE_FILE, check_name, close_orphan_trials, name_unused_in_store,
-                                   note_space_edits, open_store, parent_run, read_outcome, read_state, record_best,
+from triaccel.search.state import (EXPERIMENT, STATE_FILE, check_name, close_orphan_trials, close_running,
+                                   name_unused_in_store, note_space_edits, open_store, parent_run, read_outcome, read_state, record_best,
                                    saved_option, saved_space, search_finished, sqlite_path, state_store, tune_root, usable_store,
                                    write_state)
 from triaccel.search.tuner import (check_finished, new_tuner, quiet_tune_failures, restorable, trial_trainable,
@@ -142,8 +142,12 @@ def _resume(name: str, state: dict, address: str | None, confirm: int | None, as
         print(f"triaccel resume '{name}': the search has finished; nothing was left to run (export it: "
               f"triaccel export {name} --out tuned.yaml)", flush=True)
         return {"finished_already": True}
-    ext = unfinished_extension(name)  # a stopped `extend`: its own Tune folder, its own trials
-    restore = ext is not None or restorable(name, space)  # before anything runs: a state that cannot finish is refused
+    try:  # before anything runs: a state that cannot finish is refused
+        ext = unfinished_extension(name)  # a stopped `extend`: its own Tune folder, its own trials
+        restore = ext is not None or restorable(name, space)
+    except TriAccelError:
+        close_running(name, uri)  # what a killed driver left RUNNING: nothing continues it now
+        raise
     folder, planned = ext or (tune_root() / name, space.trials)
     note_space_edits(state)
     print(f"triaccel resume '{name}': " + (f"restoring {folder}" if restore else

@@ -211,12 +211,27 @@ def restorable(name: str, space: SearchSpace) -> bool:
     path = tune_root() / name
     if not any(path.glob("experiment_state-*.json")):
         return False
+    check_readable(name, path)
     planned = planned_by_tune(path)
     if planned is not None and planned < space.trials:
         raise TriAccelError(f"search '{name}': its Tune state in {path} plans {planned} of the space's {space.trials} "
                             f"trials and cannot run the rest: start the search again under another name "
                             f"(`triaccel search --space {space.source} --name {name}2`)")
     return True
+
+
+def check_readable(name: str, path: Path) -> None:
+    """The newest experiment state in ``path`` (the one Tune restores) must parse: Tune meets a damaged
+    one with its traceback, then runs a fresh plan and reports the search finished with trials missing."""
+    import json
+
+    newest = max(path.glob("experiment_state-*.json"), key=lambda p: p.name)
+    try:
+        json.loads(newest.read_text())
+    except (OSError, ValueError) as e:
+        raise TriAccelError(f"search '{name}': its Tune state {newest} cannot be read ({e}), so resume cannot "
+                            f"continue it; its finished trials stay in MLflow (`triaccel export {name}` ranks them): "
+                            f"start the search again under another name to run the rest") from None
 
 
 def unfinished_extension(name: str) -> tuple[Path, int] | None:
@@ -227,6 +242,7 @@ def unfinished_extension(name: str) -> tuple[Path, int] | None:
                      key=lambda p: int(p.name[7:]))
     if not folders or not any(folders[-1].glob("experiment_state-*.json")):
         return None
+    check_readable(name, folders[-1])
     planned = planned_by_tune(folders[-1])
     if planned is None or not left_to_run(name, planned, folders[-1]):
         return None

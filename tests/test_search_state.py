@@ -539,3 +539,25 @@ def test_an_mlflow_server_that_dies_mid_search_is_one_line_in_seconds(tmp_path):
     assert lines[-1].startswith(f"triaccel: error: search 's' stopped: the MLflow server at http://127.0.0.1:{port} "
                                 f"stopped answering") and "`triaccel resume s` continues" in lines[-1], err[-3000:]
     assert took < 200, took  # MLflow's own retries took about 4 minutes a call
+
+
+def test_a_damaged_tune_state_is_refused_in_one_line_not_restored_into_a_fresh_plan(tmp_path, monkeypatch):
+    """Tune met a truncated experiment state with its traceback, then ran a fresh plan and the search
+    ended FINISHED with trials missing. The search's state and an extension's are read before resume
+    restores either."""
+    from triaccel.errors import TriAccelError
+    from triaccel.search.space import parse_space
+    from triaccel.search.tuner import restorable, unfinished_extension
+
+    monkeypatch.setenv("TRIACCEL_TUNE_DIR", str(tmp_path))
+    space = parse_space(dict(SPACE, name="d"), source="s.yaml")
+    for folder in (tmp_path / "d", tmp_path / "d" / "extend-1"):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "experiment_state-2026-12-05_04-00-00.json").write_text('{"trial_data": [["{\\"trial_id')
+    with pytest.raises(TriAccelError, match=r"^search 'd': its Tune state .*/d/experiment_state-2026-12-05_04-00-00"
+                                            r"\.json cannot be read \(.*\), so resume cannot continue it"):
+        restorable("d", space)
+    with pytest.raises(TriAccelError, match=r"extend-1/experiment_state-.*cannot be read"):
+        unfinished_extension("d")
+    (tmp_path / "d" / "extend-1" / "experiment_state-2026-12-05_04-00-00.json").unlink()
+    assert unfinished_extension("d") is None  # an extension with no saved state: nothing to continue
