@@ -91,6 +91,10 @@ def parse_param(src: str, key, spec, train: dict, strict: bool) -> Param:
         raise field_error(src, f"{pk}.above", f"must name another searched key, got {above!r}")
     if strict and is_section(key):
         raise field_error(src, pk, section_refusal(key, spec))
+    if strict and key == "epochs":  # trials of unequal length: ranked against baselines of another, cut by ASHA
+        raise field_error(src, pk, "the trials' length is not searched: train.epochs sets it for every trial, the "
+                                   "baselines and ASHA alike, and production_epochs the length the export is "
+                                   "judged and trained at")
     if dist == "categorical":
         p = Param(key, dist, choices=_choices(src, pk, spec), above=above)
     else:

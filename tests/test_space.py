@@ -379,3 +379,13 @@ def test_a_bound_is_judged_by_its_value_not_by_its_partner(params, match):
     ok = {"triaccel.batch.rho_low": {"distribution": "uniform", "low": 0.5, "high": 0.9},
           "triaccel.precision.tau_high": {"distribution": "loguniform", "low": 1e-3, "high": 1e5}}
     parse_space(_with(params=ok, train={"epochs": 2, "triaccel": {"precision": {"tau_low": 1.0}}}), source="s.yaml")
+
+
+def test_a_searched_epochs_is_refused_at_the_start_naming_what_sets_the_length():
+    """A searched `epochs` ran trials of unequal length: ranked against baselines of another length, shown
+    as 'stopped early (ASHA)' without a scheduler, and exported at a length ASHA never let train."""
+    data = {"train": {"mode": "triaccel", "epochs": 2, "batch_size": 64},
+            "params": {"epochs": {"distribution": "int", "low": 1, "high": 3}}}
+    with pytest.raises(ConfigError, match=r"^s\.yaml: params\.epochs: the trials' length is not searched: "
+                                          r"train\.epochs sets it .*production_epochs"):
+        parse_space(data, source="s.yaml", strict=True)
