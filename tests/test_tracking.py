@@ -90,7 +90,6 @@ def test_sigterm_during_train_closes_its_run_killed(tmp_path):
     """SIGTERM to `triaccel train` (a scheduler's stop, `kill`): Python died at once and the MLflow run
     stayed RUNNING forever. Now as Ctrl-C: the run is closed KILLED, one line, exit 143."""
     import signal
-    import time
 
     from mlflow.tracking import MlflowClient
 
@@ -146,3 +145,31 @@ def test_store_filling_mid_train_is_one_line(tmp_path):
             "epoch ") and lines[0].endswith("; free space and train again"), lines
     finally:
         subprocess.run(["umount", str(full)], capture_output=True)
+
+
+def test_a_disk_that_fills_as_the_finished_run_writes_its_artifacts_is_one_line(tmp_path):
+    """The artifacts folder has room for the config the run logs first and none for the trajectory it
+    logs at the end: a traceback from shutil (exit 1) and the run left RUNNING. Now one line, exit 2,
+    the run FAILED."""
+    art = tmp_path / "store" / "artifacts"  # beside the sqlite store (tracking.artifact_location)
+    art.mkdir(parents=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(art)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:  # one 4 KiB page: config.yaml fits, trajectory.csv does not
+        uri = f"sqlite:///{tmp_path}/store/m.db"
+        r = subprocess.run([sys.executable, "-m", "triaccel.cli", "train", "--config",
+                            str(ROOT / "configs" / "quickstart.yaml"), "--set", "epochs=1", "--set", "mode=triaccel",
+                            "--set", "evaluate_test=false", "--set", "tracking.enabled=true",
+                            "--set", f"tracking.tracking_uri={uri}"], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300)
+    finally:
+        subprocess.run(["umount", str(art)], capture_output=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, (r.returncode, r.stderr[-3000:])
+    assert r.stderr.strip().splitlines() == [
+        "triaccel: error: a disk this run writes is full ([Errno 28] No space left on device): training finished "
+        "its 1 epochs, but not its record; free space and train again"]
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=uri)
+    assert [x.info.status for x in c.search_runs([c.get_experiment_by_name("triaccel-train").experiment_id])] == [
+        "FAILED"]

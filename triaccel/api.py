@@ -98,14 +98,14 @@ def run_config(cfg, on_trainer: Callable | None = None) -> TrainResult:
         from triaccel.errors import check_stop
 
         check_stop()  # a stop asked for after the last step: the run still ends KILLED
+        if logger is not None:  # inside: a disk that fills while the artifacts are written is one line too
+            for cb in trainer.callbacks:
+                if hasattr(cb, "log_artifacts"):
+                    cb.log_artifacts(logger.client, logger.run_id)
+            logger.finish()
     except BaseException as e:
         _close_failed(logger, trainer, e)
         raise
-    if logger is not None:
-        for cb in trainer.callbacks:
-            if hasattr(cb, "log_artifacts"):
-                cb.log_artifacts(logger.client, logger.run_id)
-        logger.finish()
     line = (f"val acc {summary['val_acc']:.2f}%  epoch time (last 5) {summary['epoch_time_last5_s']:.3f}s  "
             f"peak mem {summary['peak_mem_gib']:.3f} GiB ({summary['mem_source']})  "
             f"efficiency {summary['efficiency']:.2f}")
@@ -141,8 +141,10 @@ def _close_failed(logger, trainer, e: BaseException) -> None:
             if full is None and not stopped and not locked:
                 raise
     if full is not None:  # one line, not MLflow's traceback
-        raise TriAccelError(f"a disk this run writes is full ({full}): training stopped after epoch "
-                            f"{getattr(trainer, 'epoch', '?')}; free space and train again") from None
+        epoch, last = getattr(trainer, "epoch", "?"), getattr(getattr(trainer, "cfg", None), "epochs", None)
+        when = (f"training finished its {epoch} epochs, but not its record" if epoch == last else
+                f"training stopped after epoch {epoch}")
+        raise TriAccelError(f"a disk this run writes is full ({full}): {when}; free space and train again") from None
     if stopped and not isinstance(e, KeyboardInterrupt):
         raise KeyboardInterrupt from None
 
