@@ -19,7 +19,7 @@ def list_searches() -> list[dict]:
             out.append({"name": name, "space": "?", "created": "?", "error": str(e)})
             continue
         item = {"name": name, "space": st["source"], "created": st.get("created", "?"),
-                "trials": st["space"].get("trials")}
+                "trials": planned_trials(name, st["space"].get("trials"))}
         try:
             space = saved_space(st)
             open_store(state_store(st), write=False)  # listing only reads
@@ -39,3 +39,16 @@ def list_searches() -> list[dict]:
             item["error"] = str(e)[:300]
         out.append(item)
     return out
+
+
+def planned_trials(name: str, trials):
+    """The search's trials and those each ``extend`` added (as its Tune state planned them): what the
+    finished count is out of."""
+    from triaccel.search.state import tune_root
+
+    extensions = list((tune_root() / name).glob("extend-*"))
+    if not extensions or not isinstance(trials, int):
+        return trials
+    from triaccel.search.tuner import planned_by_tune  # imports Ray: only for a search extended
+
+    return trials + sum(planned_by_tune(f) or 0 for f in extensions)

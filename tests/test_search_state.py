@@ -417,6 +417,8 @@ def test_resume_continues_an_extend_stopped_with_trials_left(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130 and "`triaccel resume x` continues it" in err, err[-2000:]
+    r = cli("searches", cwd=tmp_path)  # out of the search's one trial and the 3 added
+    assert next(ln for ln in r.stdout.splitlines() if ln.startswith("x ")).split()[3].endswith("/4"), r.stdout
     r = cli("resume", "x", cwd=tmp_path)
     assert r.returncode == 0 and "extend-1" in r.stdout.splitlines()[0], r.stdout[-2000:] + r.stderr[-2000:]
     _, all_runs = runs(tmp_path, "x")
