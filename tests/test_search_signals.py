@@ -291,7 +291,8 @@ def test_only_a_signal_that_reached_tune_makes_a_search_with_trials_left_interru
     assert quiet.stopped is False and stopped.stopped is True
     assert after is saved[signal.SIGINT]  # own_signals put the handler from before fit() back
 
-    monkeypatch.setattr(tuner, "left_to_run", lambda name, planned: 1)  # the saved state lags: one trial RUNNING
+    monkeypatch.setattr(tuner, "left_to_run", lambda name, planned, path=None: 1)
+    # the saved state lags: one trial RUNNING
     tuner.check_finished("s", 3, stopped=False)  # no signal: Tune's loop ended because every trial had
     with pytest.raises(Interrupted, match="1 of 3 trials left"):
         tuner.check_finished("s", 3, stopped=True)
