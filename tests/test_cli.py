@@ -806,3 +806,28 @@ def test_the_command_under_cprofile_still_writes_its_profile(tmp_path):
                        cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert prof.is_file() and prof.stat().st_size > 0
+
+
+POOL_MODEL = '''
+import concurrent.futures
+import torch.nn as nn
+
+POOL = concurrent.futures.ThreadPoolExecutor(2)  # as Inductor's compile workers: idle threads, not daemons
+POOL.submit(int).result()
+
+
+def net(num_classes, in_channels, image_size):
+    return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_size ** 2, num_classes))
+'''
+
+
+def test_a_command_ends_with_a_thread_pool_left_idle_in_its_process(tmp_path):
+    """A compiled run (`--set compile=default`, an empty Inductor cache) printed its result and then never
+    exited: the exit joined Inductor's idle thread-pool workers, which only the interpreter's own exit
+    tells to end, and SIGTERM could not stop it. A user's model holding an executor is the same case."""
+    (tmp_path / "poolmodel.py").write_text(POOL_MODEL)
+    r = subprocess.run([sys.executable, "-m", "triaccel.cli", "train", "--config", str(ROOT / "configs" / "quickstart.yaml"),
+                        "--set", "epochs=1", "--set", "evaluate_test=false", "--set", "tracking.enabled=false",
+                        "--set", "model.class_path=poolmodel.net"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120, env=child_env())
+    assert r.returncode == 0 and "val acc" in r.stdout, (r.returncode, r.stderr[-2000:])

@@ -157,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> None:
     """The ``triaccel`` command: ``main``, then an exit that skips the interpreter's finalization.
 
-    What has to happen at exit still does: threads that are not daemons are joined, the atexit
-    handlers run (Ray's shutdown, logging's flush, MLflow's), and stdout and stderr are flushed.
+    What has to happen at exit still does: threads that are not daemons are told to end and joined,
+    the atexit handlers run (Ray's shutdown, logging's flush, MLflow's), and stdout and stderr are flushed.
     What is skipped is the teardown of every module and object, about 3 s of wall time (and as much
     CPU) after a search with torch, Ray and MLflow loaded, paid by every command a script runs."""
     code = main()
@@ -168,9 +168,10 @@ def entry() -> None:
     import os
     import threading
 
-    for t in threading.enumerate():
-        if t is not threading.current_thread() and not t.daemon:
-            t.join()
+    # the interpreter's own first step at exit: the threading module's exit hooks, which tell idle
+    # thread-pool workers (concurrent.futures: Inductor's compile workers, a user's executor) to end,
+    # then every non-daemon thread joined. Joining alone waited for those workers for ever.
+    threading._shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
