@@ -145,3 +145,22 @@ def test_cuda_graph_replays_match_the_eager_probe(mode):
         assert torch.allclose(torch.tensor(a), torch.tensor(b), rtol=1e-3, atol=1e-6), (a, b)
         x.copy_(torch.randn_like(x))  # a new probe batch in the same tensor
     assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+
+
+@pytest.mark.parametrize("mode", ["exact", "batched"])
+def test_a_layer_the_loss_never_reaches_has_zero_curvature_and_the_others_are_exact(mode):
+    """A user's model with a layer its forward does not use (or uses only on some calls): the probe's
+    first backward raised 'appears to not have been used in the graph'. The unused layer's eigenvalues
+    are 0; the used layers' are as without it."""
+    m, x, y = _setup()
+    unused = nn.Linear(8, 8)
+    probe = HessianProbe(m, [list(m[0].parameters()), list(unused.parameters()), list(m[2].parameters())], top_k=3,
+                         max_iters=300, tol=1e-8, mode=mode)
+    est = probe.estimate(lambda: F.cross_entropy(m(x), y))
+    assert all(v == 0.0 for v in est[1]), est[1]
+    if mode == "exact":
+        ref = _exact_blocks(m, x, y)
+        for li, r in ((0, ref[0]), (2, ref[1])):
+            assert torch.allclose(torch.tensor(est[li]), r[:3], rtol=1e-3, atol=1e-5), (est[li], r[:3])
+    else:
+        assert any(v != 0.0 for v in est[0] + est[2])

@@ -267,13 +267,18 @@ class HessianProbe:
             cviews = [self._param_views(cot[j]) for j in range(self.kmax)]
             oviews = [self._param_views(out[j]) for j in range(self.kmax)]
             for idx, k in groups:
-                outs, ins = [flat_g[pi] for pi in idx], [params[pi] for pi in idx]
+                # a parameter the loss does not reach (unused by the forward, or only on some calls) has no
+                # gradient, and one whose gradient is constant has no graph: their products are zero
+                live = [pi for pi in idx if flat_g[pi] is not None and flat_g[pi].requires_grad]
+                if not live:
+                    continue
+                outs, ins = [flat_g[pi] for pi in live], [params[pi] for pi in idx]
                 if self.vmap:
                     try:
                         for c0 in range(0, k, self.chunk):
                             js = range(c0, min(k, c0 + self.chunk))
                             hv = torch.autograd.grad(outs, ins, grad_outputs=[torch.stack([cviews[j][pi] for j in js])
-                                                                              for pi in idx],
+                                                                              for pi in live],
                                                      retain_graph=True, is_grads_batched=True, allow_unused=True)
                             for h, pi in zip(hv, idx):
                                 if h is not None:
@@ -285,7 +290,7 @@ class HessianProbe:
                             raise
                         self.vmap = False
                 for j in range(k):
-                    hv = torch.autograd.grad(outs, ins, grad_outputs=[cviews[j][pi] for pi in idx], retain_graph=True,
+                    hv = torch.autograd.grad(outs, ins, grad_outputs=[cviews[j][pi] for pi in live], retain_graph=True,
                                              allow_unused=True)
                     for h, pi in zip(hv, idx):
                         if h is not None:
@@ -297,12 +302,12 @@ class HessianProbe:
         cot = self._cot
         if self.graphs and static_inputs and self.device.type == "cuda":
             def whole() -> torch.Tensor:  # forward, first backward and products: one graph per iteration
-                flat_g = torch.autograd.grad(loss_fn(), params, create_graph=True)
+                flat_g = torch.autograd.grad(loss_fn(), params, create_graph=True, allow_unused=True)
                 return products_into(torch.zeros_like(cot), cot, flat_g)
 
             run = self._captured(whole, static_inputs)
         else:  # the first backward once per refresh, one more backward per product
-            flat_g = torch.autograd.grad(loss_fn(), params, create_graph=True)
+            flat_g = torch.autograd.grad(loss_fn(), params, create_graph=True, allow_unused=True)
             out = torch.zeros_like(cot)
 
             def run() -> torch.Tensor:
