@@ -233,6 +233,58 @@ def test_tied_and_frozen_parameters_under_the_controllers():
     assert m.head.weight is m.emb.weight
 
 
+
+class Outputs(nn.Module):
+    """A user's model whose forward returns what nanoGPT or Hugging Face models do, fails, or owns nothing."""
+
+    def __init__(self, num_classes, in_channels, image_size, out="tensor"):
+        super().__init__()
+        self.out = out
+        self.fc = nn.Linear(in_channels * image_size ** 2, num_classes) if out != "no-params" else nn.Identity()
+
+    def forward(self, x):
+        if self.out == "fails":
+            return self.fc(x)  # [B, 1, 8, 8] into a Linear of 64: mat1 and mat2 shapes cannot be multiplied
+        y = self.fc(x.flatten(1))
+        return {"tuple": (y, None), "dict": {"logits": y}, "flat": y.flatten()}.get(self.out, y)
+
+
+@pytest.mark.parametrize("out,said", [
+    ("tuple", "forward returned a tuple, not a tensor of logits [batch, classes]: return the logits"),
+    ("dict", "forward returned a dict, not a tensor of logits [batch, classes]"),
+    ("flat", "forward returned logits of shape (20,) for targets of shape (2,) and 10 classes; it must return "
+             "[batch, classes]"),
+    ("fails", "forward failed on a batch of the data (inputs (2, 1, 8, 8) float32): RuntimeError: mat1 and mat2 "
+              "shapes cannot be multiplied"),
+    ("no-params", "has no parameter to train"),
+])
+def test_a_model_that_cannot_train_on_the_data_is_one_line_before_its_first_step(out, said):
+    """These failed at the first training step, as tracebacks from the trainer's loss or the optimizer."""
+    from triaccel.api import load
+    from triaccel.control import build_trainer
+    from triaccel.errors import ConfigError
+
+    cfg = load({"mode": "amp", "epochs": 1, "batch_size": 32, "device": "cpu", "tracking": {"enabled": False},
+                "model": {"init_args": {"out": out}}}, model=Outputs, data=tiny_data)
+    with pytest.raises(ConfigError) as e:
+        build_trainer(cfg, [], log=lambda *a: None)
+    assert str(e.value).startswith("model.class_path: ") and said in str(e.value), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("n", [5, 10])
+def test_a_user_dataset_too_small_to_carve_a_validation_split_is_one_line(n):
+    from triaccel.config import DataConfig
+    from triaccel.errors import DataError
+    from triaccel.userdef import load_user_splits
+    from triaccel.userref import reference_of
+
+    dc = DataConfig(class_path=reference_of(tiny_data, "data"), init_args={"n": n}, val_fraction=0.1)
+    with pytest.raises(DataError, match=rf"its train split has {n} examples: holding out data.val_fraction 0.1 of "
+                                        rf"them leaves 0 to validate on"):
+        load_user_splits(dc)
+
+
 def test_checkpointing_finds_blocks_or_steps_aside():
     from triaccel.models import enable_checkpointing, find_blocks
 

@@ -45,7 +45,7 @@ from triaccel.data import ElasticSampler, ResidentData, load_splits
 from triaccel.device import check_triton_device, cublas_workspace, cudnn_benchmark_for, resolve_device, seed_everything
 from triaccel.errors import TriAccelError, check_stop, stop_done
 from triaccel.hooks import Callback, Decisions, StepInfo  # noqa: F401 (names of this module)
-from triaccel.userdef import TensorData, load_user_splits
+from triaccel.userdef import TensorData, check_user_forward, load_user_splits
 from triaccel.measure import MemoryMeter, free_device, sync
 from triaccel.metrics import correct_count, efficiency_score, example_loss_sum, run_peak, steady_epoch_time
 from triaccel.models import build_model, enable_checkpointing
@@ -149,6 +149,9 @@ class Trainer:
         cfg, sp = self.cfg, self.splits
         self.model = build_model(cfg.model, sp.num_classes, sp.in_channels, sp.image_size,
                                  meta=sp.meta if self.user_data else None).to(self.device)
+        if cfg.model.class_path is not None:  # the user's own model: its output checked before it trains
+            x, y = self.train_data.batch(torch.arange(min(2, len(self.train_data))), train=False)
+            check_user_forward(self.model, x, y, sp.num_classes, cfg.model.class_path)
         self.channels_last = cfg.channels_last
         if self.channels_last is None:  # auto: NHWC for conv models on CUDA (NCHW batch-norm kernels are slow there)
             self.channels_last = self.device.type == "cuda" and any(

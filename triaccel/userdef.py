@@ -178,7 +178,12 @@ def load_user_splits(dc) -> UserSplits:
     else:
         if len(train[1]) < 2:
             raise DataError(f"{where('train')} has {len(train[1])} example: too few to hold out a validation split")
+        n = len(train[1])
         train, val = carve_val(*train, dc.val_fraction, dc.split_seed)
+        if not len(val[1]) or not len(train[1]):
+            raise DataError(f"{where('train')} has {n} examples: holding out data.val_fraction "
+                            f"{dc.val_fraction:g} of them leaves {len(val[1])} to validate on and {len(train[1])} "
+                            f"to train on; return a val split, or more examples")
     for name, s in (("val", val), ("test", test)):
         if s is not None and (s[0].shape[1:] != train[0].shape[1:] or s[1].shape[1:] != train[1].shape[1:]):
             raise DataError(f"{where(name)}: inputs {tuple(s[0].shape[1:])} and targets {tuple(s[1].shape[1:])}, "
@@ -186,11 +191,14 @@ def load_user_splits(dc) -> UserSplits:
     nc = meta.get("num_classes")
     if nc is None:
         nc = int(train[1].max()) + 1
+        classes = f"the train split's classes 0-{nc - 1} (meta's num_classes sets them otherwise)"
     elif not isinstance(nc, int) or isinstance(nc, bool) or nc < 1:
         raise ConfigError(f"{key}: its meta's num_classes must be a whole number >= 1, got {nc!r}")
+    else:
+        classes = f"meta's num_classes {nc}"
     high = max(int(s[1].max()) for s in (train, val, test) if s is not None)
     if high >= nc:
-        raise DataError(f"{key} {dc.class_path}: a target is {high}, outside meta's num_classes {nc}")
+        raise DataError(f"{key} {dc.class_path}: a target is {high}, outside {classes}")
     return UserSplits(train, val, test, dict(meta), nc)
 
 
@@ -243,3 +251,31 @@ def build_user_model(mc, info: dict) -> torch.nn.Module:
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"{key}: {mc.class_path}(...) returned {type(model).__name__}, not a torch.nn.Module")
     return model
+
+
+def check_user_forward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, ref: str) -> None:
+    """The user's model (``ref``, model.class_path) on two training examples, without gradients and in eval
+    mode, before anything trains: a model with nothing to train, a forward that fails on the data, or one
+    that returns something other than the logits is said in one line naming the key, not as a traceback
+    from the first training step."""
+    key = "model.class_path"
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError(f"{key}: {ref} has no parameter to train")
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(x)
+    except Exception as e:  # noqa: BLE001 -- the user's code: any error is theirs to read, in one line
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ConfigError(f"{key}: {ref}'s forward failed on a batch of the data (inputs {tuple(x.shape)} "
+                          f"{str(x.dtype).replace('torch.', '')}): {type(e).__name__}: {first}") from None
+    finally:
+        model.train(was)
+    kind = "[batch, positions, vocabulary] for a language model" if y.dim() > 1 else "[batch, classes]"
+    if not isinstance(out, torch.Tensor):
+        raise ConfigError(f"{key}: {ref}'s forward returned a {type(out).__name__}, not a tensor of logits "
+                          f"{kind}: return the logits (a small wrapper module can pick them out)")
+    if out.dim() != y.dim() + 1 or tuple(out.shape[:-1]) != tuple(y.shape) or out.shape[-1] < num_classes:
+        raise ConfigError(f"{key}: {ref}'s forward returned logits of shape {tuple(out.shape)} for targets of shape "
+                          f"{tuple(y.shape)} and {num_classes} classes; it must return {kind}")
