@@ -251,6 +251,22 @@ def machine_tags(device) -> dict:
     return {"gpu": gpu, "torch": torch.__version__}
 
 
+def fresh_run_name() -> str:
+    """A run name of MLflow's own kind, drawn from fresh entropy. MLflow draws it from the random module,
+    which the trainer has seeded by then: every run of one seed got the same name. The module's state
+    is left as it was, so the run stays reproducible."""
+    import random
+
+    from mlflow.utils.name_utils import _generate_random_name
+
+    state = random.getstate()
+    try:
+        random.seed()
+        return _generate_random_name()
+    finally:
+        random.setstate(state)
+
+
 class MLflowLogger(Callback):
     """Logs one training run: params (the resolved config, flattened), per-epoch metrics,
     the resolved config as an artifact, tags (git revision, device, mode), final summary."""
@@ -270,7 +286,7 @@ class MLflowLogger(Callback):
                 "mem_source": trainer.meter.source, **machine_tags(trainer.device), **self.extra_tags}
         if self.parent_run_id:
             tags["mlflow.parentRunId"] = self.parent_run_id
-        run = self.client.create_run(exp, run_name=tc.run_name, tags=tags)
+        run = self.client.create_run(exp, run_name=tc.run_name or fresh_run_name(), tags=tags)
         self.run_id = run.info.run_id
         cfgd = to_dict(self.cfg)
         # the provenance of an exported config is free text (keys MLflow refuses as param names, 36 params
