@@ -11,6 +11,7 @@ import typing
 from dataclasses import dataclass
 
 from triaccel.config import TrainConfig, from_dict, set_dotted
+from triaccel.config_io import unknown_key
 from triaccel.errors import ConfigError
 
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "categorical")
@@ -76,7 +77,7 @@ def parse_param(src: str, key, spec, train: dict, strict: bool) -> Param:
         raise field_error(src, pk, "must be a mapping with a distribution")
     for sk in spec:
         if sk not in PARAM_KEYS:
-            raise field_error(src, f"{pk}.{sk}", f"unknown key (valid: {', '.join(sorted(PARAM_KEYS))})")
+            raise field_error(src, f"{pk}.{sk}", unknown_key(sk, PARAM_KEYS))
     dist = spec.get("distribution")
     if dist not in DISTRIBUTIONS:
         raise field_error(src, pk, f"unknown distribution {dist!r} (valid: {', '.join(DISTRIBUTIONS)})")

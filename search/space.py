@@ -62,6 +62,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from triaccel.config import MAX_BATCH, TrainConfig, from_dict, path_kind, read_yaml, set_dotted
+from triaccel.config_io import unknown_key
 from triaccel.errors import ConfigError
 from triaccel.search.params import EPS, FRAC_SUFFIX, Param, field_error, number, parse_params
 
@@ -290,7 +291,7 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "", strict: bo
         raise ConfigError(f"{src}: top level must be a mapping")
     for k in data:
         if k not in TOP_KEYS:
-            raise field_error(src, k, f"unknown key (valid: {', '.join(sorted(TOP_KEYS))})")
+            raise field_error(src, k, unknown_key(k, TOP_KEYS))
     for k in ("train", "params"):
         if k not in data:
             raise field_error(src, k, "missing")
@@ -421,7 +422,7 @@ def _baseline(src: str, spec, base: TrainConfig) -> dict:
         raise field_error(src, "baseline", "must be a mapping (batch_sizes, amp_dtypes, accuracy_margin)")
     for k in spec:
         if k not in BASELINE_KEYS:
-            raise field_error(src, f"baseline.{k}", f"unknown key (valid: {', '.join(sorted(BASELINE_KEYS))})")
+            raise field_error(src, f"baseline.{k}", unknown_key(k, BASELINE_KEYS))
     b0 = base.batch_size
     sizes = spec.get("batch_sizes", [b0, 2 * b0, 4 * b0])
     if not isinstance(sizes, list) or not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= MAX_BATCH

@@ -99,3 +99,18 @@ def test_the_default_policy_is_the_score_one_and_paper_fills_only_unset_keys(tmp
         load_config(p)
     with pytest.raises(ConfigError, match=r"triaccel.policy: must be one of score, paper; got 'papper'"):
         from_dict(TrainConfig, {"triaccel": {"policy": "papper"}})
+
+
+@pytest.mark.parametrize("item,said", [
+    ("optim.lrr=3", "--set optim.lrr: unknown key, did you mean lr? (valid: "),
+    ("epoch=3", "--set epoch: unknown key, did you mean epochs? (valid: "),
+    # a section that only the --set names: it was blamed on the config file, which has no such key
+    ("nosuch.key=3", "--set nosuch.key: nosuch: unknown key (valid: "),
+])
+def test_an_unknown_key_given_with_set_is_named_as_typed_with_the_nearest_valid_one(tmp_path, item, said):
+    from triaccel.config import load_config
+
+    (tmp_path / "c.yaml").write_text("epochs: 2\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path / "c.yaml", [item])
+    assert str(e.value).startswith(said), str(e.value)

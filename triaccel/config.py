@@ -600,7 +600,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         # a value given with --set is named as the user typed it, not as the config file's (the last
         # --set of a key wins, as it does in the config)
         key = str(e).split(": ", 1)[0]
-        typed = [k for k, _ in sets if key == k or key.startswith(k + ".")]
+        # (or a section the --set made up: `--set nosuch.key=3` is refused as `nosuch: unknown key`)
+        typed = [k for k, _ in sets if key == k or key.startswith(k + ".") or k.startswith(key + ".")]
         if typed:
             raise ConfigError(f"--set {typed[-1]}: {str(e).split(': ', 1)[-1] if key == typed[-1] else e}") from None
         if path is not None:

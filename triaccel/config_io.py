@@ -82,6 +82,14 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"{key}: unsupported type {_type_name(tp)}")
 
 
+def unknown_key(key, valid) -> str:
+    """The words for a key no section has: the nearest valid key where one is near (a typo), then all."""
+    import difflib
+
+    near = difflib.get_close_matches(str(key), sorted(valid), n=1, cutoff=0.75)
+    return f"unknown key{f', did you mean {near[0]}?' if near else ''} (valid: {', '.join(sorted(valid))})"
+
+
 def from_dict(cls, data: dict, prefix: str = ""):
     """Build dataclass ``cls`` from ``data``; every failure names the dotted key."""
     if data is None:
@@ -92,7 +100,7 @@ def from_dict(cls, data: dict, prefix: str = ""):
     names = {f.name for f in dataclasses.fields(cls)}
     for k in data:
         if k not in names:
-            raise ConfigError(f"{prefix}{k}: unknown key (valid: {', '.join(sorted(names))})")
+            raise ConfigError(f"{prefix}{k}: {unknown_key(k, names)}")
     if cls in PREPARE:  # a section whose keys fill in others (triaccel.policy)
         data = PREPARE[cls](data)
     kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
