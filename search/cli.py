@@ -122,7 +122,7 @@ def cmd_ui(args) -> int:
     if not 0 < args.port < 65536:
         print(f"triaccel: error: --port {args.port}: not a TCP port (1-65535)", file=sys.stderr)
         return 2
-    uri = tracking_uri(None)
+    uri = tracking_uri(None, write=False)  # no folder made: a store that is not there is said below
     if not uri.startswith("sqlite:") and not uri.startswith("postgresql") and not uri.startswith("mysql"):
         print(f"triaccel: error: the UI needs a database store; MLFLOW_TRACKING_URI is {uri}", file=sys.stderr)
         return 2
@@ -151,6 +151,13 @@ def cmd_ui(args) -> int:
         return 2
     from triaccel.tracking import client
 
+    if not os.environ.get("MLFLOW_TRACKING_URI") and uri.startswith("sqlite:///"):
+        from triaccel.search.state import sqlite_path
+
+        if not sqlite_path(uri).exists():  # not a new, empty store served as if it held the runs
+            print(f"triaccel: error: no MLflow store in this folder ({sqlite_path(uri).resolve()}): run `triaccel ui` in the "
+                  f"folder where you ran train or search, or set MLFLOW_TRACKING_URI to the store", file=sys.stderr)
+            return 2
     # a store MLflow cannot open (a file that is no database): one line, as train and search say it,
     # not the URL line and then the server's traceback
     client(uri, key="MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "the MLflow store")

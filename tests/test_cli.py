@@ -831,3 +831,14 @@ def test_a_command_ends_with_a_thread_pool_left_idle_in_its_process(tmp_path):
                         "--set", "model.class_path=poolmodel.net"], cwd=tmp_path, capture_output=True, text=True,
                        timeout=120, env=child_env())
     assert r.returncode == 0 and "val acc" in r.stdout, (r.returncode, r.stderr[-2000:])
+
+
+def test_ui_in_a_folder_without_a_store_says_so_and_creates_none(tmp_path):
+    """It created mlruns/mlflow.db and served an empty UI, with no word that the runs are elsewhere."""
+    env = {k: v for k, v in child_env().items() if k != "MLFLOW_TRACKING_URI"}
+    r = subprocess.run([sys.executable, "-m", "triaccel.cli", "ui", "--port", "1"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"triaccel: error: no MLflow store in this folder ({tmp_path / 'mlruns' / 'mlflow.db'}): run `triaccel ui` in "
+        f"the folder where you ran train or search, or set MLFLOW_TRACKING_URI to the store"], r.stderr
+    assert not list(tmp_path.iterdir())
