@@ -408,3 +408,32 @@ def test_api_import_is_cheap_and_search_stays_callable():
             "import triaccel.search.runner; assert callable(triaccel.search) and triaccel.search.runner")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+class NextToken(nn.Module):
+    def __init__(self, vocab_size, num_classes):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(vocab_size, 8), nn.Linear(8, num_classes)
+
+    def forward(self, x):
+        return self.head(self.emb(x))  # [B, T, V]
+
+
+def sequence_data(n=64, T=6, vocab=12):
+    x = torch.randint(0, vocab, (n, T + 1), generator=torch.Generator().manual_seed(0))
+    return {"train": TensorDataset(x[:, :-1], x[:, 1:]), "meta": {"vocab_size": vocab, "num_classes": vocab}}
+
+
+@pytest.mark.parametrize("model,data,unit", [(TiedFrozen, token_data, "ex/s"), (NextToken, sequence_data, "seq/s"),
+                                             (Outputs, tiny_data, "img/s")])
+def test_the_epoch_line_counts_the_examples_the_data_holds(model, data, unit):
+    """A language model's epoch line said 'img/s' for its windows."""
+    from triaccel.api import load
+    from triaccel.control import build_trainer
+
+    cfg = load({"mode": "amp", "epochs": 1, "batch_size": 32, "device": "cpu", "tracking": {"enabled": False},
+                "evaluate_test": False}, model=model, data=data)
+    lines = []
+    build_trainer(cfg, [], log=lines.append).fit()
+    epoch = next(x for x in lines if x.startswith("epoch"))
+    assert f" {unit} " in epoch and sum(u in epoch for u in ("img/s", "seq/s", "ex/s")) == 1, epoch

@@ -374,9 +374,16 @@ class Trainer:
         m["epoch_time_last5_s"] = steady_epoch_time(times)
         m["efficiency"] = efficiency_score(val_acc, m["epoch_time_last5_s"], max(peak, 1e-6))
         self.log(f"epoch {m['epoch']:>3}/{self.cfg.epochs}  loss {train_loss:.4f}  val {val_acc:6.2f}%  "
-                 f"{m['images_per_s']:8.0f} img/s  {epoch_time:6.2f}s  mem {m['peak_mem_gib']:.3f} GiB  "
+                 f"{m['images_per_s']:8.0f} {self._rate_unit()}  {epoch_time:6.2f}s  mem {m['peak_mem_gib']:.3f} GiB  "
                  f"B {self.batch_size}  eff {m['efficiency']:.2f}")
         return m
+
+    def _rate_unit(self) -> str:
+        """The examples the epoch line counts (metric images_per_s, whatever they are): images, sequences
+        (a language model's windows) or other examples."""
+        if not self.user_data or self.splits.images:
+            return "img/s"
+        return "seq/s" if self.splits.sequence else "ex/s"
 
     def _check_finite(self, loss_sum: torch.Tensor) -> None:
         if not bool(torch.isfinite(loss_sum)):
