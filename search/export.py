@@ -42,6 +42,9 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
     data = to_dict(cfg)
     if cfg.mode != "triaccel":  # a static export: no triaccel section that nothing reads
         data.pop("triaccel", None)
+    else:  # nor the Hessian probe's keys under the Fisher proxy
+        for key in cfg.triaccel.curvature.unread():
+            data["triaccel"]["curvature"].pop(key, None)
     for section in ("data", "model"):  # nor a built-in dataset's or model's keys beside a class_path
         for key in getattr(cfg, section).unread():
             data[section].pop(key, None)

@@ -114,3 +114,16 @@ def test_an_unknown_key_given_with_set_is_named_as_typed_with_the_nearest_valid_
     with pytest.raises(ConfigError) as e:
         load_config(tmp_path / "c.yaml", [item])
     assert str(e.value).startswith(said), str(e.value)
+
+
+def test_under_the_fisher_proxy_the_probe_keys_are_unread_and_a_config_without_them_loads():
+    """An export wrote the Hessian probe's settings beside the Fisher proxy, which never reads them."""
+    from triaccel.config import CurvatureConfig, TrainConfig, from_dict, to_dict
+
+    assert CurvatureConfig(method="power").unread() == ()
+    unread = CurvatureConfig(method="fisher").unread()
+    assert {"probe", "top_k", "max_iters", "tol", "graphs"} <= set(unread) and not {"every", "ema", "alpha"} & set(unread)
+    d = to_dict(TrainConfig(mode="triaccel"))
+    for k in unread:
+        del d["triaccel"]["curvature"][k]
+    assert from_dict(TrainConfig, d) == TrainConfig(mode="triaccel")  # the same run, read back

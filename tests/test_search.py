@@ -158,6 +158,9 @@ def test_export_trains_as_is_and_reproduces_validation_accuracy(searched):
     assert prov["search"] == "t1" and len(prov["space_sha256"]) == 64 and prov["mlflow_run_id"]
     # it trains the search's budget as scored, and says how to train longer
     assert data["epochs"] == prov["searched_epochs"]
+    if "triaccel" in data:  # nothing the run does not read: the Hessian probe's keys under the Fisher proxy
+        curv = data["triaccel"]["curvature"]
+        assert curv["method"] == "fisher" and not {"probe", "top_k", "max_iters", "tol", "graphs"} & set(curv), curv
     assert "--set epochs=N" in r.stdout and "--set epochs=N" in (d / "tuned.yaml").read_text().split("\n", 3)[1]
     r = cli("export", "t1", "--out", "long.yaml", "--epochs", "7", cwd=d)
     assert r.returncode == 0, r.stderr

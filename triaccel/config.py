@@ -323,6 +323,10 @@ class CurvatureConfig:
         _check(self.tol > 0, "triaccel.curvature.tol", "must be > 0")
         _check(0 <= self.ema < 1, "triaccel.curvature.ema", "must be in [0, 1)")
 
+    def unread(self) -> tuple[str, ...]:
+        """The keys a run never reads (left out of an export): the Hessian probe's under the Fisher proxy."""
+        return () if self.method == "power" else ("probe", "probe_dtype", "graphs", "top_k", "batch", "max_iters", "tol")
+
 
 @dataclass
 class BatchConfig:
