@@ -1,6 +1,6 @@
 """One driver per search: an exclusive lock on ``driver.lock`` in the search's Tune folder.
 
-``search`` and ``resume`` hold it from before they write anything until the process ends; a second
+``search``, ``resume`` and ``extend`` hold it from before they write anything until the process ends; a second
 driver of the same search (a ``resume`` while the search runs, two ``resume``s at once) is refused
 in one line naming the holder. The lock is ``fcntl.flock``: the kernel releases it when the
 holding process dies, however it dies (kill -9 included), so a dead driver never leaves it held;
