@@ -355,7 +355,8 @@ def test_a_checkpoint_the_saved_state_names_but_tune_deleted_is_no_failed_trial(
 @pytest.mark.slow
 def test_resume_keeps_the_options_the_search_was_started_with(tmp_path):
     """Resume forgot --confirm: a `search --confirm 1` stopped (Ctrl-C) resumed with no confirm run, and export
-    used unconfirmed figures. The options are saved with the search and resume uses them unless given again."""
+    used unconfirmed figures. The options are saved with the search and resume uses them unless given again;
+    so does extend, which holds the search's driver lock, and resume continues an extend that was stopped."""
     with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
     proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", "o",
@@ -395,16 +396,9 @@ def test_resume_keeps_the_options_the_search_was_started_with(tmp_path):
     assert r.returncode == 0 and "confirm " in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     assert sorted(x.info.status for x in runs(tmp_path, "o")[1] if x.data.tags["triaccel.role"] == "trial") == [
         "FINISHED"] * 2
-
-
-@pytest.mark.slow
-def test_resume_continues_an_extend_stopped_with_trials_left(tmp_path):
-    """`extend` stopped by Ctrl-C after its first trial: `resume` (as the stop's line says) runs the added
-    trials left, not the finished search's own folder again, and leaves no run RUNNING."""
-    with_store(tmp_path)
-    (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
-    assert run_search(tmp_path, "--space", "space.yaml", "--name", "x", "--trials", "1").returncode == 0
-    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "extend", "x", "--trials", "3"], cwd=tmp_path,
+    # an extend stopped by Ctrl-C after its first trial: `resume` (as the stop's line says) runs the added trials
+    # left, not the finished search's own folder again, and leaves no run RUNNING
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "extend", "o", "--trials", "3"], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=user_env(),
                             start_new_session=True)
     try:
@@ -416,15 +410,13 @@ def test_resume_continues_an_extend_stopped_with_trials_left(tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130 and "`triaccel resume x` continues it" in err, err[-2000:]
-    r = cli("searches", cwd=tmp_path)  # out of the search's one trial and the 3 added
-    assert next(ln for ln in r.stdout.splitlines() if ln.startswith("x ")).split()[3].endswith("/4"), r.stdout
-    r = cli("resume", "x", cwd=tmp_path)
-    assert r.returncode == 0 and "extend-1" in r.stdout.splitlines()[0], r.stdout[-2000:] + r.stderr[-2000:]
-    _, all_runs = runs(tmp_path, "x")
-    trials = [x.info.status for x in all_runs if x.data.tags["triaccel.role"] == "trial"]
-    assert trials.count("FINISHED") == 4 and "RUNNING" not in trials, trials  # the search's one and the 3 added
-    assert "search 'x': 4 finished" in r.stdout, r.stdout[-2000:]
+    assert proc.returncode == 130 and "`triaccel resume o` continues it" in err, err[-2000:]
+    r = cli("searches", cwd=tmp_path)  # out of the search's one trial, the 1 and the 3 added
+    assert next(ln for ln in r.stdout.splitlines() if ln.startswith("o ")).split()[3].endswith("/5"), r.stdout
+    r = cli("resume", "o", cwd=tmp_path)
+    assert r.returncode == 0 and "extend-2" in r.stdout.splitlines()[0], r.stdout[-2000:] + r.stderr[-2000:]
+    trials = [x.info.status for x in runs(tmp_path, "o")[1] if x.data.tags["triaccel.role"] == "trial"]
+    assert trials.count("FINISHED") == 5 and "RUNNING" not in trials, trials
 
 
 

@@ -96,10 +96,10 @@ def stop_on_ctrl_c() -> None:
     import signal
     import threading
 
+    _install_quiet_dropped_stop()  # also where _on_int is in place already (an earlier run in this process)
     if threading.current_thread() is threading.main_thread() and \
             signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_int)
-        _install_quiet_dropped_stop()
 
 
 def stop_on_sigterm() -> None:
@@ -111,9 +111,9 @@ def stop_on_sigterm() -> None:
     import signal
     import threading
 
+    _install_quiet_dropped_stop()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_term)
-        _install_quiet_dropped_stop()
 
 
 def _chain(e: BaseException | None):
