@@ -30,6 +30,19 @@ def mlp(num_classes, in_channels, image_size, width=16):
 
 def not_a_model(num_classes):
     return "a string"
+
+
+class _Pair(nn.Module):  # a Hugging Face-style forward: (logits, extra)
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x), None
+
+
+def returns_a_tuple(num_classes, in_channels, image_size):
+    return _Pair(mlp(num_classes, in_channels, image_size))
 ''',
     "data.py": '''
 import torch
@@ -95,6 +108,9 @@ BAD = {
                                "data.class_path: ucpkg.models.mlp(...) raised TypeError"),
     "unknown zoo model": ({"model": {"name": "torchvision/resnet_nine", "class_path": None, "init_args": {}}},
                           "torchvision.models.list_models"),
+    # a model that builds but cannot train on the data: the search takes no name for it
+    "forward returns a tuple": ({"model": {"class_path": "ucpkg.models.returns_a_tuple", "init_args": {}}},
+                                "model.class_path: ucpkg.models.returns_a_tuple's forward returned a tuple, not a tensor"),
 }
 
 
@@ -138,8 +154,11 @@ def test_references_are_checked_and_shipped_without_torch_until_user_code_is_bui
     code = ("import sys; from triaccel.userref import check_references, runtime_env_for, search_references; "
             "train = {'model': {'name': 'small_cnn'}, 'data': {'name': 'digits'}}; check_references(train); "
             "runtime_env_for(search_references(train)); print('torch' in sys.modules); "
-            "check_references({'model': {'class_path': 'torch.nn:Identity'}, 'data': {'name': 'digits'}}); "
+            "check_references({'model': {'class_path': 'umodel:linear'}, 'data': {'name': 'digits'}}); "
             "print('torch' in sys.modules)")
+    (tmp_path / "umodel.py").write_text("import torch.nn as nn\n\n\ndef linear(num_classes, in_channels, image_size):\n"
+                                        "    return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_size ** 2, "
+                                        "num_classes))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
                        env=child_env())
     assert r.returncode == 0, r.stderr[-2000:]

@@ -234,6 +234,18 @@ class TensorData:
         return x, y
 
 
+def first_examples(sp, n: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``n`` training examples as the trainer batches them, on the CPU, without augmentation: the
+    user's data (``UserSplits``) as it is, a shipped image set normalised (``triaccel.data.ResidentData``)."""
+    if isinstance(sp, UserSplits):
+        return sp.train[0][:n], sp.train[1][:n]
+    from triaccel.data import ResidentData
+
+    idx = torch.arange(min(n, len(sp.train)))
+    data = ResidentData(sp.train.subset(idx), torch.device("cpu"), sp.mean, sp.std, augment=False, padding=0)
+    return data.batch(torch.arange(len(idx)), train=False)
+
+
 # --------------------------------------------------------------------------- model
 def build_user_model(mc, info: dict) -> torch.nn.Module:
     key = "model.class_path"
@@ -253,11 +265,14 @@ def build_user_model(mc, info: dict) -> torch.nn.Module:
     return model
 
 
-def check_user_forward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, ref: str) -> None:
+def check_user_forward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, ref: str,
+                       failure_is_final: bool = True) -> None:
     """The user's model (``ref``, model.class_path) on two training examples, without gradients and in eval
     mode, before anything trains: a model with nothing to train, a forward that fails on the data, or one
     that returns something other than the logits is said in one line naming the key, not as a traceback
-    from the first training step."""
+    from the first training step. ``failure_is_final=False`` (a search's driver, checking on its CPU for
+    runs on another device) lets a forward that raises pass: the run checks it again on its own device,
+    where a model written for CUDA alone can run."""
     key = "model.class_path"
     if not any(p.requires_grad for p in model.parameters()):
         raise ConfigError(f"{key}: {ref} has no parameter to train")
@@ -267,6 +282,8 @@ def check_user_forward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
         with torch.no_grad():
             out = model(x)
     except Exception as e:  # noqa: BLE001 -- the user's code: any error is theirs to read, in one line
+        if not failure_is_final:
+            return
         first = (str(e).strip().splitlines() or [""])[0]
         raise ConfigError(f"{key}: {ref}'s forward failed on a batch of the data (inputs {tuple(x.shape)} "
                           f"{str(x.dtype).replace('torch.', '')}): {type(e).__name__}: {first}") from None

@@ -132,7 +132,15 @@ def check_references(train: dict) -> None:
     else:
         sp = load_splits(cfg.data)
         info = (sp.num_classes, sp.in_channels, sp.image_size, None)
-    build_model(cfg.model, *info[:3], meta=info[3])
+    model = build_model(cfg.model, *info[:3], meta=info[3])
+    if cfg.model.class_path is not None:  # its output too: a search must not take its name for a model that cannot train
+        from triaccel.userdef import check_user_forward, first_examples
+
+        import torch
+
+        x, y = first_examples(sp)
+        on_cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())  # as the runs resolve it here
+        check_user_forward(model, x, y, info[0], cfg.model.class_path, failure_is_final=on_cpu)
 
 
 SHIP_EXCLUDES = ["__pycache__", "*.pyc", ".git", "mlruns", ".ipynb_checkpoints"]
