@@ -100,6 +100,9 @@ def parse_param(src: str, key, spec, train: dict, strict: bool) -> Param:
         p = Param(key, dist, choices=_choices(src, pk, spec), above=above)
     else:
         p = Param(key, dist, *_range(src, pk, dist, spec), above=above)
+    if strict and (p.choices is not None and len(p.choices) == 1 or p.choices is None and p.low == p.high):
+        one = p.choices[0] if p.choices is not None else p.low  # a search of one value: a trial budget spent on nothing
+        raise field_error(src, pk, f"searches one value ({one!r}); set it under train instead, or widen it")
     # the key must be a real config key and every bound a value the config accepts
     for probe in ([p.low, p.high] if p.choices is None else p.choices):
         check_bound(src, pk, train, key, probe)

@@ -74,7 +74,7 @@ def test_a_search_saved_before_the_score_defaults_resumes_and_exports_the_paper_
     from triaccel.search.space import pin_controller_defaults
 
     empty = {k: v for k, v in SPACE.items() if k != "train"}  # `train:` empty, mode searched (a reviewer's find)
-    empty["params"] = {"mode": {"distribution": "categorical", "choices": ["triaccel"]}}
+    empty["params"] = {"mode": {"distribution": "categorical", "choices": ["triaccel", "amp"]}}
     for train in (None, "absent"):
         raw = dict(empty, train=None) if train is None else dict(empty)
         assert rules(parse_space(pin_controller_defaults(raw, None)).train_config({"mode": "triaccel"})) == \

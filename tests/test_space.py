@@ -389,3 +389,14 @@ def test_a_searched_epochs_is_refused_at_the_start_naming_what_sets_the_length()
     with pytest.raises(ConfigError, match=r"^s\.yaml: params\.epochs: the trials' length is not searched: "
                                           r"train\.epochs sets it .*production_epochs"):
         parse_space(data, source="s.yaml", strict=True)
+
+
+@pytest.mark.parametrize("spec", [{"distribution": "loguniform", "low": 0.1, "high": 0.1},
+                                  {"distribution": "categorical", "choices": [0.1]}])
+def test_a_searched_key_of_one_value_is_refused_in_a_new_space_and_read_in_a_saved_one(spec):
+    """A range of one value (low = high) or one choice was accepted: trials spent searching nothing."""
+    data = _space(**{"optim.lr": spec})
+    with pytest.raises(ConfigError, match=r"^s\.yaml: params\.optim\.lr: searches one value \(0\.1\); set it "
+                                          r"under train instead"):
+        parse_space(data, source="s.yaml", strict=True)
+    assert parse_space(data, source="s.yaml").params["optim.lr"].key == "optim.lr"  # a saved search still resumes
