@@ -11,6 +11,7 @@ from triaccel.search import cluster
 from triaccel.search.space import SearchSpace
 from triaccel.search.state import EXPERIMENT, open_store, parent_run, read_outcome
 from triaccel.search.tags import TAG_DOMINATED
+from triaccel.units import mem_text
 
 
 # Re-run this many of the best alone when trials shared a GPU. Measured on an H200
@@ -165,7 +166,7 @@ def run_baselines(name: str, space: SearchSpace, uri: str, shared: int, fresh: b
             best = (s["efficiency"], label)
         if m is None:
             print(f"baseline {label}: eff {s['efficiency']:.2f}  val {s['val_acc']:.2f}%  "
-                  f"{s['epoch_time_last5_s']:.2f}s/epoch  {s['peak_mem_gib']:.3f} GiB", flush=True)
+                  f"{s['epoch_time_last5_s']:.2f}s/epoch  {mem_text(s['peak_mem_gib'])}", flush=True)
     check_stop()  # not into the trials after a stop asked for in the last baseline's end
     ref = reference(trial_table(c, exp, name, role="baseline", curves=True), space.epochs)
     if ref is None:

@@ -21,6 +21,7 @@ from triaccel.config import flatten
 from triaccel.search.space import CONTROLLER_DEFAULTS, NEAR, START
 from triaccel.search.tags import NODE_TAG, TAG_ROLE, TAG_SEARCH, TAG_TRIAL  # noqa: F401 (names of this module)
 from triaccel.search.trainable import NODE_KEY
+from triaccel.units import mem_text
 from triaccel.tracking import client as make_client
 from triaccel.tracking import ensure_experiment, git_revision, log_metrics, log_params, log_yaml_artifact
 
@@ -363,7 +364,7 @@ class ConsoleReporter(Callback):
         what = f"stopped early at epoch {n} (ASHA)" if budget and n < budget else f"done   epochs {n}"
         print(f"trial {self.done:>3}/{self.total} {trial.trial_id}  {what}  "
               f"eff {r.get('efficiency', float('nan')):10.2f}  val {r.get('val_acc', float('nan')):6.2f}%  "
-              f"{r.get('epoch_time_last5_s', float('nan')):6.2f}s/epoch  {r.get('peak_mem_gib', float('nan')):.3f} GiB",
+              f"{r.get('epoch_time_last5_s', float('nan')):6.2f}s/epoch  {mem_text(r.get('peak_mem_gib', float('nan')))}",
               flush=True)
 
     def on_trial_error(self, iteration, trials, trial, **info):

@@ -43,3 +43,15 @@ def test_steady_epoch_time_leaves_out_the_first_epoch_only_when_there_are_others
     assert steady_epoch_time([9.0, 1.0, 2.0, 3.0]) == 2.0  # a 4-epoch search: the autotuning epoch is out
     assert steady_epoch_time([9.0, 1, 1, 1, 1, 1, 1, 6]) == 2.0  # 8 epochs: the paper's last five
     assert steady_epoch_time([5.0]) == 5.0
+
+
+def test_a_peak_below_a_tenth_of_a_gib_is_said_in_mib_and_a_table_keeps_one_unit():
+    """A CPU run of the digits model printed "mem 0.000 GiB" beside an efficiency in the millions."""
+    from triaccel.units import mem_column, mem_text
+
+    assert mem_text(0.314) == "0.314 GiB"
+    assert mem_text(0.0034) == "3.48 MiB"
+    assert mem_text(float("nan")) == "nan GiB"  # a result without the metric
+    assert mem_column([0.003, 0.05, float("nan")]) == ("MiB", 1024.0)
+    assert mem_column([0.003, 0.2]) == ("GiB", 1.0)  # one unit for every row of a table
+    assert mem_column([]) == ("GiB", 1.0)

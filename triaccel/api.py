@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from triaccel.errors import ConfigError, TriAccelError, interrupted
+from triaccel.units import mem_text
 
 
 @dataclass
@@ -107,7 +108,7 @@ def run_config(cfg, on_trainer: Callable | None = None) -> TrainResult:
         _close_failed(logger, trainer, e)
         raise
     line = (f"val acc {summary['val_acc']:.2f}%  epoch time (last 5) {summary['epoch_time_last5_s']:.3f}s  "
-            f"peak mem {summary['peak_mem_gib']:.3f} GiB ({summary['mem_source']})  "
+            f"peak mem {mem_text(summary['peak_mem_gib'])} ({summary['mem_source']})  "
             f"efficiency {summary['efficiency']:.2f}")
     if "test_acc" in summary:
         line += f"  test acc {summary['test_acc']:.2f}%"

@@ -48,6 +48,7 @@ from triaccel.hooks import Callback, Decisions, StepInfo  # noqa: F401 (names of
 from triaccel.userdef import TensorData, check_user_forward, load_user_splits
 from triaccel.measure import MemoryMeter, free_device, sync
 from triaccel.metrics import correct_count, efficiency_score, example_loss_sum, run_peak, steady_epoch_time
+from triaccel.units import mem_text
 from triaccel.models import build_model, enable_checkpointing
 from triaccel.optim import GradScaler, make_optimizer, param_groups
 from triaccel.precision import DTYPES, PrecisionRuntime
@@ -374,7 +375,7 @@ class Trainer:
         m["epoch_time_last5_s"] = steady_epoch_time(times)
         m["efficiency"] = efficiency_score(val_acc, m["epoch_time_last5_s"], max(peak, 1e-6))
         self.log(f"epoch {m['epoch']:>3}/{self.cfg.epochs}  loss {train_loss:.4f}  val {val_acc:6.2f}%  "
-                 f"{m['images_per_s']:8.0f} {self._rate_unit()}  {epoch_time:6.2f}s  mem {m['peak_mem_gib']:.3f} GiB  "
+                 f"{m['images_per_s']:8.0f} {self._rate_unit()}  {epoch_time:6.2f}s  mem {mem_text(m['peak_mem_gib'])}  "
                  f"B {self.batch_size}  eff {m['efficiency']:.2f}")
         return m
 
