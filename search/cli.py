@@ -54,7 +54,7 @@ def cmd_export(args) -> int:
               f"`--set epochs=N` (or export with --epochs N)")
     b = prov.get("baseline")
     if b and prov["exported"] == "baseline":
-        print(f"  the search found nothing better than static AMP {b['run']} in {b['search_gpu_s']:.0f} "
+        print(f"  the search found nothing better than static AMP {b['run']} in runs of {b['search_gpu_s']:.0f} "
               f"device-seconds: train the baseline as exported")
     elif b:
         from triaccel.search.results import trade_words
@@ -62,8 +62,8 @@ def cmd_export(args) -> int:
         pay = b["payback_epochs"]
         made_of = f", {trade_words(b)}" if "epoch_time_ratio" in b else ""
         print(f"  {b['ratio']:.2f}x the efficiency of the static baseline {b['run']} "
-              f"(val acc {b['val_acc_diff_pp']:+.2f} pp{made_of}); the search used {b['search_gpu_s']:.0f} "
-              f"device-seconds, "
+              f"(val acc {b['val_acc_diff_pp']:+.2f} pp{made_of}); the search's runs used {b['search_gpu_s']:.0f} "
+              f"device-seconds (its phases' wall time adds start-up), "
               + (f"repaid after {pay:.0f} epochs of production training" if pay is not None else
                  "which faster epochs do not repay (the exported config is not faster per epoch"
                  + ("; its gain is memory)" if b["ratio"] > 1 and b.get("peak_mem_ratio", 1) < 1 else ")")))
