@@ -46,13 +46,6 @@ def earlier_trials(rows: list[dict], space) -> list:
     return out
 
 
-def next_dir(root):
-    i = 1
-    while (root / f"extend-{i}").exists():
-        i += 1
-    return root / f"extend-{i}"
-
-
 def check_can_extend(name: str, trials: int, state: dict) -> str:
     """The search's store, once the options and the search are known fit to extend; nothing written."""
     from triaccel.search.state import search_finished, sqlite_path, state_store, tune_root
@@ -93,7 +86,7 @@ def _extend(name: str, state: dict, trials: int, address: str | None, confirm: i
     from triaccel.search.results import trial_table
     from triaccel.search.runner import finish
     from triaccel.search.signals import bounded_http_retries, interruptible, own_signals
-    from triaccel.search.state import open_store, saved_space, tune_root
+    from triaccel.search.state import next_extension_folder, open_store, saved_space
     from triaccel.search.tuner import left_to_run, new_searcher, new_tuner, quiet_tune_failures
     from triaccel.tracking import log_metrics
 
@@ -105,7 +98,7 @@ def _extend(name: str, state: dict, trials: int, address: str | None, confirm: i
     rows = trial_table(c, exp, name)
     seeds = earlier_trials(rows, space)
     more = dataclasses.replace(space, trials=trials, start=(), seed=(space.seed + len(rows)) % 2**32)
-    tune_dir = next_dir(tune_root() / name)
+    tune_dir = next_extension_folder(name)
     print(f"triaccel extend '{name}': {trials} more trials; the sampler starts from its {len(seeds)} earlier "
           f"trials; Tune state in {tune_dir}", flush=True)
     with interruptible(name, uri):

@@ -44,9 +44,9 @@ def list_searches() -> list[dict]:
 def planned_trials(name: str, trials):
     """The search's trials and those each ``extend`` added (as its Tune state planned them): what the
     finished count is out of."""
-    from triaccel.search.state import tune_root
+    from triaccel.search.state import extension_folders
 
-    extensions = list((tune_root() / name).glob("extend-*"))
+    extensions = extension_folders(name)
     if not extensions or not isinstance(trials, int):
         return trials
     from triaccel.search.tuner import planned_by_tune  # imports Ray: only for a search extended

@@ -36,6 +36,18 @@ def tune_root() -> Path:
     return p
 
 
+def extension_folders(name: str) -> list[Path]:
+    """The Tune folders of the search's ``triaccel extend`` runs, ``extend-<i>``, oldest first."""
+    numbered = (p for p in (tune_root() / name).glob("extend-*") if p.name[len("extend-"):].isdigit())
+    return sorted(numbered, key=lambda p: int(p.name[len("extend-"):]))
+
+
+def next_extension_folder(name: str) -> Path:
+    """Where the search's next ``triaccel extend`` keeps its Tune run: one past the newest."""
+    folders = extension_folders(name)
+    return tune_root() / name / f"extend-{int(folders[-1].name[len('extend-'):]) + 1 if folders else 1}"
+
+
 NAME_MAX = 100
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from triaccel.errors import Interrupted, TriAccelError
 from triaccel.search.cluster import gpu_share, on_gpu
 from triaccel.search.space import NEAR, START, SearchSpace
-from triaccel.search.state import EXPERIMENT, tune_root
+from triaccel.search.state import EXPERIMENT, extension_folders, tune_root
 
 
 def _constrained_optuna():
@@ -238,8 +238,7 @@ def unfinished_extension(name: str) -> tuple[Path, int] | None:
     """The newest ``triaccel extend`` of the search, as (its Tune folder, the trials it added), where it
     was stopped with trials left and Tune saved its state: what ``resume`` continues. None where there
     is none (an extension stopped before Tune saved anything started no trial: ``extend`` adds them)."""
-    folders = sorted((p for p in (tune_root() / name).glob("extend-*") if p.name[7:].isdigit()),
-                     key=lambda p: int(p.name[7:]))
+    folders = extension_folders(name)
     if not folders or not any(folders[-1].glob("experiment_state-*.json")):
         return None
     check_readable(name, folders[-1])
