@@ -21,7 +21,7 @@ from triaccel.search.state import (EXPERIMENT, STATE_FILE, check_name, close_orp
                                    saved_option, saved_space, search_finished, sqlite_path, state_store, tune_root, usable_store,
                                    write_state)
 from triaccel.search.tuner import (check_finished, new_tuner, quiet_tune_failures, restorable, trial_trainable,
-                                  unfinished_extension)
+                                  unfinished_extension, unstarted_extension)
 
 
 def run_search(space_path: str, name: str | None = None, trials: int | None = None, concurrency: int | None = None,
@@ -150,6 +150,10 @@ def _resume(name: str, state: dict, address: str | None, confirm: int | None, as
         raise
     folder, planned = ext or (tune_root() / name, space.trials)
     note_space_edits(state)
+    if ext is None and (unstarted := unstarted_extension(name)) is not None:  # its trials would vanish unsaid
+        print(f"triaccel resume '{name}': note: the extend in {unstarted} stopped before its first trial "
+              f"started, and none of its trials will run: `triaccel extend {name} --trials N` adds them "
+              f"once this resume has finished the search", flush=True)
     print(f"triaccel resume '{name}': " + (f"restoring {folder}" if restore else
                                           "Tune saved no trial yet: starting the trials"), flush=True)
     with interruptible(name, uri):

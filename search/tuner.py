@@ -248,6 +248,13 @@ def unfinished_extension(name: str) -> tuple[Path, int] | None:
     return folders[-1], planned
 
 
+def unstarted_extension(name: str) -> Path | None:
+    """The newest ``triaccel extend`` folder of the search where Tune saved nothing: an extend stopped
+    before its first trial started (in its baselines' read-back or Tune's start-up). None otherwise."""
+    folders = extension_folders(name)
+    return folders[-1] if folders and not any(folders[-1].glob("experiment_state-*.json")) else None
+
+
 def planned_by_tune(path: Path) -> int | None:
     """The number of trials Tune's saved search generator will create in all (None if unread)."""
     try:

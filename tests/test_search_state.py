@@ -555,3 +555,22 @@ def test_a_damaged_tune_state_is_refused_in_one_line_not_restored_into_a_fresh_p
         unfinished_extension("d")
     (tmp_path / "d" / "extend-1" / "experiment_state-2026-12-05_04-00-00.json").unlink()
     assert unfinished_extension("d") is None  # an extension with no saved state: nothing to continue
+
+
+def test_an_extend_stopped_before_tune_saved_anything_is_found_for_resume_to_name(tmp_path, monkeypatch):
+    """An extend stopped before its first trial started left a folder without Tune's state: resume closed
+    the search without the added trials and said nothing. `unstarted_extension` finds it (the newest
+    only; an extend that Tune saved, or a stray folder, is not one)."""
+    from triaccel.search.tuner import unstarted_extension
+
+    monkeypatch.setenv("TRIACCEL_TUNE_DIR", str(tmp_path))
+    (tmp_path / "d").mkdir()
+    assert unstarted_extension("d") is None  # never extended
+    for i in (1, 2, 10):
+        (tmp_path / "d" / f"extend-{i}").mkdir()
+    (tmp_path / "d" / "extend-x").mkdir()  # not one of extend's folders
+    for i in (1, 2):
+        (tmp_path / "d" / f"extend-{i}" / "experiment_state-2026-12-05_04-00-00.json").write_text("{}")
+    assert unstarted_extension("d") == tmp_path / "d" / "extend-10"  # by number: 10 is newer than 2
+    (tmp_path / "d" / "extend-10" / "experiment_state-2026-12-05_05-00-00.json").write_text("{}")
+    assert unstarted_extension("d") is None
