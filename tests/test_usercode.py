@@ -456,3 +456,36 @@ def test_the_epoch_line_counts_the_examples_the_data_holds(model, data, unit):
     build_trainer(cfg, [], log=lines.append).fit()
     epoch = next(x for x in lines if x.startswith("epoch"))
     assert f" {unit} " in epoch and sum(u in epoch for u in ("img/s", "seq/s", "ex/s")) == 1, epoch
+
+
+def uint8_images(n=40):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (n, 3, 8, 8), dtype=torch.uint8, generator=g)
+    return {"train": TensorDataset(x, torch.arange(n) % 4)}
+
+
+class ConvertsPixels(nn.Module):
+    def __init__(self, num_classes, in_channels, image_size, convert=True):
+        super().__init__()
+        self.convert = convert
+        self.fc = nn.Linear(in_channels * image_size ** 2, num_classes)
+
+    def forward(self, x):
+        return self.fc((x.float() / 255 if self.convert else x).flatten(1))
+
+
+def test_uint8_images_are_images_to_the_model_and_a_model_that_cannot_take_them_is_told_why():
+    """uint8 [N, C, H, W] inputs were taken as token ids: the model factory got no in_channels or image_size."""
+    from triaccel.api import load
+    from triaccel.control import build_trainer
+    from triaccel.errors import ConfigError
+
+    base = {"mode": "amp", "epochs": 1, "batch_size": 16, "device": "cpu", "tracking": {"enabled": False}}
+    t = build_trainer(load(base, model=ConvertsPixels, data=uint8_images), [], log=lambda *a: None)
+    assert t.splits.model_info() == {"num_classes": 4, "in_channels": 3, "image_size": 8}
+    assert t.train_data.x.dtype == torch.uint8  # resident as given: a quarter of float32's bytes
+    assert t.fit()["val_acc"] >= 0
+    with pytest.raises(ConfigError, match=r"forward failed on a batch of the data \(inputs \(2, 3, 8, 8\) uint8\): "
+                                          r".*the data's images are uint8, passed as they are: convert them"):
+        build_trainer(load({**base, "model": {"init_args": {"convert": False}}}, model=ConvertsPixels,
+                           data=uint8_images), [], log=lambda *a: None)

@@ -15,7 +15,8 @@ Data factory: ``factory(**init_args)`` returns a ``DataSplits``, a mapping or an
 ``train`` (required), ``val``, ``test`` (optional) and ``meta`` (an optional dict such as
 {"num_classes": 65, "vocab_size": 65}). Each split is a map-style Dataset of (input, target)
 pairs: a TensorDataset's two tensors are used as they are, any other is stacked into tensors once.
-Inputs are float (images [C, H, W], features) or integer (token ids); targets are integer class
+Inputs are float (images [C, H, W], features), uint8 images [C, H, W] (passed as they are: the model
+converts them) or integer (token ids); targets are integer class
 ids, one per example ([]) or one per position ([T], a sequence). Without ``val`` the validation
 split is carved from train (data.val_fraction, data.split_seed): stratified for class labels, a
 seeded random split for sequences. User data gets no augmentation or normalisation.
@@ -62,7 +63,8 @@ class UserSplits:
 
     @property
     def images(self) -> bool:
-        return self.train[0].is_floating_point() and self.train[0].dim() == 4
+        x = self.train[0]  # float, or uint8 pixels a model converts itself (a quarter of the memory resident)
+        return x.dim() == 4 and (x.is_floating_point() or x.dtype == torch.uint8)
 
     @property
     def in_channels(self) -> Optional[int]:
@@ -285,8 +287,10 @@ def check_user_forward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
         if not failure_is_final:
             return
         first = (str(e).strip().splitlines() or [""])[0]
+        hint = ("; the data's images are uint8, passed as they are: convert them in the model (x.float() / 255) "
+                "or return float tensors") if x.dtype == torch.uint8 and x.dim() == 4 else ""
         raise ConfigError(f"{key}: {ref}'s forward failed on a batch of the data (inputs {tuple(x.shape)} "
-                          f"{str(x.dtype).replace('torch.', '')}): {type(e).__name__}: {first}") from None
+                          f"{str(x.dtype).replace('torch.', '')}): {type(e).__name__}: {first}{hint}") from None
     finally:
         model.train(was)
     kind = "[batch, positions, vocabulary] for a language model" if y.dim() > 1 else "[batch, classes]"
