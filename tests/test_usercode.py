@@ -489,3 +489,24 @@ def test_uint8_images_are_images_to_the_model_and_a_model_that_cannot_take_them_
                                           r".*the data's images are uint8, passed as they are: convert them"):
         build_trainer(load({**base, "model": {"init_args": {"convert": False}}}, model=ConvertsPixels,
                            data=uint8_images), [], log=lambda *a: None)
+
+
+def test_a_stray_label_that_sizes_the_head_is_said(capsys):
+    """One label of 50 among 0-9 made a 51-way head without a word."""
+    from triaccel.config import DataConfig
+    from triaccel.userdef import load_user_splits
+    from triaccel.userref import reference_of
+
+    def labelled(stray):
+        def make():
+            y = torch.arange(100) % 10
+            y[7] = stray
+            return {"train": TensorDataset(torch.randn(100, 4), y)}
+        return make
+
+    sp = load_user_splits(DataConfig(class_path=reference_of(labelled(50), "data")))
+    assert sp.num_classes == 51
+    err = capsys.readouterr().err
+    assert "targets take 11 values in 0-50, so the model gets num_classes=51; give meta's num_classes" in err, err
+    load_user_splits(DataConfig(class_path=reference_of(labelled(3), "data")))  # every class present: no note
+    assert "note" not in capsys.readouterr().err

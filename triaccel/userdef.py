@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -194,6 +195,11 @@ def load_user_splits(dc) -> UserSplits:
     if nc is None:
         nc = int(train[1].max()) + 1
         classes = f"the train split's classes 0-{nc - 1} (meta's num_classes sets them otherwise)"
+        seen = int(torch.unique(train[1]).numel())
+        if train[1].dim() == 1 and seen <= nc // 2:  # one stray label sizes the head: say so, once per load
+            print(f"triaccel: note: {key} {dc.class_path}: the train split's targets take {seen} values in 0-{nc - 1}, "
+                  f"so the model gets num_classes={nc}; give meta's num_classes if that is not meant",
+                  file=sys.stderr, flush=True)
     elif not isinstance(nc, int) or isinstance(nc, bool) or nc < 1:
         raise ConfigError(f"{key}: its meta's num_classes must be a whole number >= 1, got {nc!r}")
     else:
