@@ -489,6 +489,9 @@ def test_uint8_images_are_images_to_the_model_and_a_model_that_cannot_take_them_
                                           r".*the data's images are uint8, passed as they are: convert them"):
         build_trainer(load({**base, "model": {"init_args": {"convert": False}}}, model=ConvertsPixels,
                            data=uint8_images), [], log=lambda *a: None)
+    # a shipped model takes float images: refused by name before it is built, not a dtype error at the first step
+    with pytest.raises(ConfigError, match=r"^model\.name: small_cnn takes float images; the data's images are uint8"):
+        build_trainer(load({**base, "model": {"name": "small_cnn"}}, data=uint8_images), [], log=lambda *a: None)
 
 
 def test_a_stray_label_that_sizes_the_head_is_said(capsys):

@@ -45,7 +45,7 @@ from triaccel.data import ElasticSampler, ResidentData, load_splits
 from triaccel.device import check_triton_device, cublas_workspace, cudnn_benchmark_for, resolve_device, seed_everything
 from triaccel.errors import TriAccelError, check_stop, stop_done
 from triaccel.hooks import Callback, Decisions, StepInfo  # noqa: F401 (names of this module)
-from triaccel.userdef import TensorData, check_user_forward, load_user_splits
+from triaccel.userdef import TensorData, check_model_takes, check_user_forward, load_user_splits
 from triaccel.measure import MemoryMeter, free_device, sync
 from triaccel.metrics import correct_count, efficiency_score, example_loss_sum, run_peak, steady_epoch_time
 from triaccel.units import mem_text
@@ -148,6 +148,7 @@ class Trainer:
     def _setup_model(self) -> None:
         """The model on the device (layout, checkpointing) and, in triaccel mode, its per-layer precision."""
         cfg, sp = self.cfg, self.splits
+        check_model_takes(cfg.model, sp)
         self.model = build_model(cfg.model, sp.num_classes, sp.in_channels, sp.image_size,
                                  meta=sp.meta if self.user_data else None).to(self.device)
         if cfg.model.class_path is not None:  # the user's own model: its output checked before it trains

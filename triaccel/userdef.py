@@ -195,8 +195,8 @@ def load_user_splits(dc) -> UserSplits:
     if nc is None:
         nc = int(train[1].max()) + 1
         classes = f"the train split's classes 0-{nc - 1} (meta's num_classes sets them otherwise)"
-        seen = int(torch.unique(train[1]).numel())
-        if train[1].dim() == 1 and seen <= nc // 2:  # one stray label sizes the head: say so, once per load
+        seen = int(torch.unique(train[1]).numel()) if train[1].dim() == 1 else nc  # classes; not every token
+        if seen <= nc // 2:  # one stray label sizes the head: say so, once per load
             print(f"triaccel: note: {key} {dc.class_path}: the train split's targets take {seen} values in 0-{nc - 1}, "
                   f"so the model gets num_classes={nc}; give meta's num_classes if that is not meant",
                   file=sys.stderr, flush=True)
@@ -240,6 +240,16 @@ class TensorData:
         if self.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         return x, y
+
+
+def check_model_takes(mc, sp) -> None:
+    """A shipped or zoo model (``model.name``) takes float images; the user's uint8 images reach a model as
+    they are, which only the user's own model (``model.class_path``) can convert: said in one line before
+    it is built, not as a dtype error from the first step."""
+    if mc.class_path is None and isinstance(sp, UserSplits) and sp.images and sp.train[0].dtype == torch.uint8:
+        raise ConfigError(f"model.name: {mc.name} takes float images; the data's images are uint8, passed as they "
+                          f"are: return float tensors from data.class_path (x.float() / 255), or name a model of "
+                          f"your own that converts them in model.class_path")
 
 
 def first_examples(sp, n: int = 2) -> tuple[torch.Tensor, torch.Tensor]:

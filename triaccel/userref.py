@@ -124,7 +124,7 @@ def check_references(train: dict) -> None:
         return  # the shipped models and data: nothing of the user's to check
     from triaccel.data import load_splits
     from triaccel.models import build_model
-    from triaccel.userdef import load_user_splits
+    from triaccel.userdef import check_model_takes, load_user_splits
 
     if cfg.data.class_path is not None:
         sp = load_user_splits(cfg.data)
@@ -132,6 +132,7 @@ def check_references(train: dict) -> None:
     else:
         sp = load_splits(cfg.data)
         info = (sp.num_classes, sp.in_channels, sp.image_size, None)
+    check_model_takes(cfg.model, sp)
     model = build_model(cfg.model, *info[:3], meta=info[3])
     if cfg.model.class_path is not None:  # its output too: a search must not take its name for a model that cannot train
         from triaccel.userdef import check_user_forward, first_examples
