@@ -62,7 +62,7 @@ def parse_params(src: str, raw_params, train: dict, strict: bool) -> dict[str, P
     params = {}
     for key, spec in raw_params.items():
         params[key] = parse_param(src, key, spec, train, strict)
-    check_order(src, params, strict)
+    check_order(src, params, strict, train)
     if strict:
         check_batch_bounds(src, train, params)
     return params
@@ -228,9 +228,10 @@ def section_refusal(key: str, spec) -> str:
             f"dropped); search the section's keys themselves, e.g. {example}")
 
 
-def check_order(src: str, params: dict[str, Param], strict: bool) -> None:
+def check_order(src: str, params: dict[str, Param], strict: bool, train: dict | None = None) -> None:
     """``above`` names another searched key of a continuous range that leaves room above it; an ordered pair
-    searched without ``above`` has ranges that cannot overlap."""
+    searched without ``above`` has ranges that cannot overlap, nor (``strict``) a searched key's range and its
+    partner's value fixed under ``train``."""
     for key, p in params.items():
         if p.above:
             pk = f"params.{key}.above"
@@ -257,6 +258,16 @@ def check_order(src: str, params: dict[str, Param], strict: bool) -> None:
             lo, hi = params[lo_key], params[hi_key]
             if lo.high is not None and hi.low is not None and hi.low <= lo.high:
                 raise field_error(src, f"params.{hi_key}", f"ranges overlap {lo_key}'s: add `above: {lo_key}`")
+    for lo_key, hi_key in PAIRS if strict and train is not None else ():  # one side searched, the other fixed
+        if (lo_key in params) == (hi_key in params):
+            continue
+        (_, lo_top), (hi_bottom, _) = _span(train, params, lo_key, None), _span(train, params, hi_key, None)
+        if lo_top is not None and hi_bottom is not None and hi_bottom <= lo_top:
+            key, fixed = (lo_key, hi_key) if lo_key in params else (hi_key, lo_key)
+            side = "below" if key == lo_key else "above"
+            raise field_error(src, f"params.{key}", f"its range reaches {fixed} = "
+                                                    f"{hi_bottom if key == lo_key else lo_top:g}, fixed under train: a "
+                                                    f"draw there fails in the trainer; keep the range {side} it")
 
 
 def _span(train: dict, params: dict, key: str, default):

@@ -400,3 +400,19 @@ def test_a_searched_key_of_one_value_is_refused_in_a_new_space_and_read_in_a_sav
                                           r"under train instead"):
         parse_space(data, source="s.yaml", strict=True)
     assert parse_space(data, source="s.yaml").params["optim.lr"].key == "optim.lr"  # a saved search still resumes
+
+
+@pytest.mark.parametrize("fixed,ok", [(1e-3, False), (0.1, True)])
+def test_a_searched_key_reaching_its_partner_fixed_under_train_is_refused(fixed, ok):
+    """tau_low searched over 1e-4..1e-2 beside tau_high 1e-3 fixed under train was accepted: every trial that
+    drew tau_low >= 1e-3 failed in the trainer. (The refusal of a one-value range points users there.)"""
+    data = {"train": {"mode": "triaccel", "epochs": 2, "triaccel": {"precision": {"tau_high": fixed}}},
+            "params": {"triaccel.precision.tau_low": {"distribution": "loguniform", "low": 1e-4, "high": 1e-2}}}
+    if ok:
+        parse_space(data, source="s.yaml", strict=True)
+        return
+    with pytest.raises(ConfigError, match=r"^s\.yaml: params\.triaccel\.precision\.tau_low: its range reaches "
+                                          r"triaccel\.precision\.tau_high = 0\.001, fixed under train: a draw there "
+                                          r"fails in the trainer; keep the range below it"):
+        parse_space(data, source="s.yaml", strict=True)
+    parse_space(data, source="s.yaml")  # a saved search's space is read as it was accepted
