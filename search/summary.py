@@ -29,13 +29,14 @@ def print_table(o, space) -> None:
     vals = lambda r: "  ".join(cell(r["values"].get(k)).rjust(w) for k, w in zip(keys, width))  # noqa: E731
     unit, per_gib = mem_column([b["metrics"].get("peak_mem_gib", float("nan")) for b in o.baselines]
                                + [x.measured.get("peak_mem_gib", float("nan")) for x in o.ranked])
+    places = 3 if unit == "GiB" else 2  # six characters either way: MiB reach 102.40
     print(f"{'rank':>5} {'run':>22} {'eff':>8} {'x base':>6} {'val%':>6} {'d.acc':>6} {'s/ep':>6} {unit:>6}  "
           + "  ".join(n.rjust(w) for n, w in zip(names, width)))
     for b in o.baselines:
         m = b["metrics"]
         r = m["efficiency"] / o.reference["metrics"]["efficiency"]
         print(f"{'base':>5} {b['tags'].get('triaccel.baseline', '?'):>22} {m['efficiency']:8.2f} {r:6.2f} "
-              f"{m['val_acc']:6.2f} {'':>6} {m['epoch_time_last5_s']:6.2f} {m['peak_mem_gib'] * per_gib:6.3f}")
+              f"{m['val_acc']:6.2f} {'':>6} {m['epoch_time_last5_s']:6.2f} {m['peak_mem_gib'] * per_gib:6.{places}f}")
     for b in o.dominated:
         print(f"{'base':>5} {b['tags'].get('triaccel.baseline', '?'):>22} stopped after epoch "
               f"{int(b['metrics'].get('epoch', 0))}: {b['tags'][TAG_DOMINATED]}")
@@ -45,7 +46,7 @@ def print_table(o, space) -> None:
         start = ("s" if tags.get(START) == "true" else "") + ("n" if tags.get(NEAR) else "")
         rank = f"{i + 1}{'' if x.feasible else '!'}{'*' if x.confirmed else ''}{'+' if x.gaps else ''}{start}"
         print(f"{rank:>5} {x.row['trial_id']:>22} {m['efficiency']:8.2f} {fmt(x.ratio):>6} {m.get('val_acc', 0):6.2f} "
-              f"{fmt(x.gap, '+.2f'):>6} {m.get('epoch_time_last5_s', 0):6.2f} {m.get('peak_mem_gib', 0) * per_gib:6.3f}  "
+              f"{fmt(x.gap, '+.2f'):>6} {m.get('epoch_time_last5_s', 0):6.2f} {m.get('peak_mem_gib', 0) * per_gib:6.{places}f}  "
               f"{vals(x.row)}")
     for r in o.stopped:
         print(f"{'-':>5} {r['trial_id']:>22} stopped early at epoch {int(r['metrics'].get('epoch', 0))} (ASHA)  "

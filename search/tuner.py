@@ -249,8 +249,9 @@ def unfinished_extension(name: str) -> tuple[Path, int] | None:
 
 
 def unstarted_extension(name: str) -> Path | None:
-    """The newest ``triaccel extend`` folder of the search where Tune saved nothing: an extend stopped
-    before its first trial started (in its baselines' read-back or Tune's start-up). None otherwise."""
+    """The newest ``triaccel extend`` folder of the search where Tune saved nothing: an extend stopped in
+    Tune's start-up, before its first trial started. None otherwise (an extend stopped before Tune made its
+    folder left the search finished: ``extend`` again runs its trials)."""
     folders = extension_folders(name)
     return folders[-1] if folders and not any(folders[-1].glob("experiment_state-*.json")) else None
 

@@ -531,15 +531,16 @@ from triaccel.search.cluster import check_address, init_ray
 address = ast.literal_eval(sys.argv[1])
 check_address(address)
 init_ray(address)
-print(ray.get_runtime_context().gcs_address)
+print("GCS", ray.get_runtime_context().gcs_address)
 ray.shutdown()
 """
 
 
 @pytest.mark.ray_cluster
 def test_address_joins_an_existing_cluster_and_a_plain_search_stays_local(tmp_path):
-    """`ray start --head` as a user would; the address it prints and --address auto join it, a search
-    without --address does not."""
+    """`ray start --head` as a user would: a search at the address it prints runs its trial there; the
+    loopback form and --address auto reach the same cluster, and a driver without --address starts a Ray
+    of its own (these three by the driver's own steps, not whole searches)."""
     import shutil
 
     # the `ray` command; where Ray is on PYTHONPATH without its console script (the GPU machine's
@@ -577,8 +578,8 @@ def test_address_joins_an_existing_cluster_and_a_plain_search_stays_local(tmp_pa
             r = subprocess.run([sys.executable, "-c", _REACH_RAY, repr(address)], cwd=tmp_path, capture_output=True,
                                text=True, timeout=600, env=env)
             assert r.returncode == 0, (address, r.stderr[-3000:])
-            gcs = r.stdout.strip().splitlines()[-1]
-            assert gcs.endswith(f":{port}") == joins, (address, gcs)
+            gcs = next((ln.split()[-1] for ln in r.stdout.splitlines() if ln.startswith("GCS ")), None)
+            assert gcs is not None and gcs.endswith(f":{port}") == joins, (address, r.stdout[-2000:])
     finally:
         subprocess.run([*ray_cmd, "stop", "--force"], capture_output=True, timeout=600)
 
