@@ -513,3 +513,20 @@ def test_a_stray_label_that_sizes_the_head_is_said(capsys):
     assert "targets take 11 values in 0-50, so the model gets num_classes=51; give meta's num_classes" in err, err
     load_user_splits(DataConfig(class_path=reference_of(labelled(3), "data")))  # every class present: no note
     assert "note" not in capsys.readouterr().err
+
+
+def test_two_lambdas_handed_at_once_stay_apart_and_a_later_call_replaces_its_own():
+    """model=lambda, data=lambda: both were `callable:_lambda_`, and the data factory replaced the model's
+    ("returned dict, not a torch.nn.Module")."""
+    import triaccel
+    from triaccel.userref import CALLABLES
+
+    base = {"mode": "fp32", "epochs": 1, "batch_size": 32, "device": "cpu", "tracking": {"enabled": False}}
+    for width in (8, 16):  # a notebook cell run twice: the second call's functions are the ones trained
+        r = triaccel.train(base, model=lambda num_classes, in_channels, image_size: nn.Sequential(
+            nn.Flatten(), nn.Linear(in_channels * image_size ** 2, width), nn.ReLU(), nn.Linear(width, num_classes)),
+            data=lambda: tiny_data(tensors=True))
+        assert r.summary["val_acc"] >= 0
+        model_ref, data_ref = r.config["model"]["class_path"], r.config["data"]["class_path"]
+        assert model_ref != data_ref and CALLABLES[model_ref] is not CALLABLES[data_ref]
+    assert model_ref.endswith("._lambda_") and data_ref == "callable:data." + model_ref[len("callable:"):]

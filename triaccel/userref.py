@@ -22,6 +22,7 @@ from triaccel.errors import ConfigError
 CALLABLE_PREFIX = "callable:"
 # functions handed to the Python API in this process (and, in a search's workers, shipped to them)
 CALLABLES: dict[str, Callable] = {}
+_HANDED_AS: dict[str, str] = {}  # the section (model, data) each CALLABLES entry was handed for
 
 
 def reference_of(fn: Callable | str, what: str) -> str:
@@ -42,7 +43,12 @@ def reference_of(fn: Callable | str, what: str) -> str:
             pass
     name = "".join(ch if ch.isalnum() or ch in "._" else "_" for ch in (qual or type(fn).__name__))
     ref = f"{CALLABLE_PREFIX}{name}"
+    if CALLABLES.get(ref, fn) is not fn and _HANDED_AS.get(ref) != what:
+        # another section's function of this name (two lambdas, two closures named `make`): the data factory
+        # must not replace the model's; a later call's function of the same section does replace it
+        ref = f"{CALLABLE_PREFIX}{what}.{name}"
     CALLABLES[ref] = fn
+    _HANDED_AS[ref] = what
     return ref
 
 
