@@ -530,3 +530,41 @@ def test_two_lambdas_handed_at_once_stay_apart_and_a_later_call_replaces_its_own
         model_ref, data_ref = r.config["model"]["class_path"], r.config["data"]["class_path"]
         assert model_ref != data_ref and CALLABLES[model_ref] is not CALLABLES[data_ref]
     assert model_ref.endswith("._lambda_") and data_ref == "callable:data." + model_ref[len("callable:"):]
+
+
+@pytest.mark.parametrize("targets,said", [
+    (lambda y: y.unsqueeze(1), r"targets of shape \[N, 1\]: give class ids of shape \[N\] \(y\.squeeze\(1\)\)"),
+    (lambda y: torch.nn.functional.one_hot(y, 10), r"targets look one-hot \(\[N, 10\], a single 1 per row\): give "
+                                                    r"class ids \(y\.argmax\(1\)\)"),
+])
+def test_targets_of_one_column_or_one_hot_are_refused_naming_the_fix(targets, said):
+    """They were read as sequences: a 'language model' error from the model's output, or num_classes 2."""
+    from triaccel.config import DataConfig
+    from triaccel.errors import DataError
+    from triaccel.userdef import load_user_splits
+    from triaccel.userref import reference_of
+
+    def make():
+        y = torch.arange(60) % 10
+        return {"train": TensorDataset(torch.randn(60, 4), targets(y))}
+
+    with pytest.raises(DataError, match=said):
+        load_user_splits(DataConfig(class_path=reference_of(make, "data")))
+
+
+@pytest.mark.parametrize("kind", ["numpy", "tensor"])
+def test_a_numpy_or_tensor_num_classes_in_meta_is_the_integer_it_holds(kind):
+    """meta's num_classes of np.int64(10) was refused: 'must be a whole number >= 1, got np.int64(10)'."""
+    import numpy as np
+
+    from triaccel.config import DataConfig
+    from triaccel.userdef import load_user_splits
+    from triaccel.userref import reference_of
+
+    nc = np.int64(10) if kind == "numpy" else torch.tensor(10)
+
+    def make():
+        return {"train": TensorDataset(torch.randn(40, 4), torch.arange(40) % 4), "meta": {"num_classes": nc}}
+
+    sp = load_user_splits(DataConfig(class_path=reference_of(make, "data")))
+    assert sp.num_classes == 10 and type(sp.meta["num_classes"]) is int

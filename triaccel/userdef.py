@@ -32,6 +32,7 @@ return) is one ConfigError naming the key (model.class_path, data.class_path).
 from __future__ import annotations
 
 import inspect
+import operator
 import os
 import sys
 from dataclasses import dataclass
@@ -143,6 +144,12 @@ def materialise(ds: Any, where: str) -> tuple[torch.Tensor, torch.Tensor]:
     if y.dim() not in (1, 2):
         raise DataError(f"{where}: a target must be a class id ([]) or a sequence of them ([T]), got shape "
                         f"{tuple(y.shape[1:])}")
+    if y.dim() == 2 and y.shape[1] == 1:  # read as sequences of one position, the model's logits then mismatch
+        raise DataError(f"{where}: targets of shape [N, 1]: give class ids of shape [N] (y.squeeze(1)); [N, T] "
+                        f"targets are read as sequences of T positions")
+    if y.dim() == 2 and bool(((y == 0) | (y == 1)).all()) and bool((y.sum(1) == 1).all()):
+        raise DataError(f"{where}: targets look one-hot ([N, {y.shape[1]}], a single 1 per row): give class ids "
+                        f"(y.argmax(1)); [N, T] targets are read as sequences of T positions")
     if int(y.min()) < 0:
         raise DataError(f"{where}: targets must be class ids >= 0, got {int(y.min())}")
     return x, y.long()
@@ -200,9 +207,14 @@ def load_user_splits(dc) -> UserSplits:
             print(f"triaccel: note: {key} {dc.class_path}: the train split's targets take {seen} values in 0-{nc - 1}, "
                   f"so the model gets num_classes={nc}; give meta's num_classes if that is not meant",
                   file=sys.stderr, flush=True)
-    elif not isinstance(nc, int) or isinstance(nc, bool) or nc < 1:
-        raise ConfigError(f"{key}: its meta's num_classes must be a whole number >= 1, got {nc!r}")
     else:
+        try:  # numpy's and 0-d tensors' integers too: operator.index takes what is an integer
+            nc = operator.index(nc) if not isinstance(nc, bool) else None
+        except TypeError:
+            nc = None
+        if nc is None or nc < 1:
+            raise ConfigError(f"{key}: its meta's num_classes must be a whole number >= 1, got {meta['num_classes']!r}")
+        meta = {**meta, "num_classes": nc}  # a plain int for the model factory
         classes = f"meta's num_classes {nc}"
     high = max(int(s[1].max()) for s in (train, val, test) if s is not None)
     if high >= nc:
