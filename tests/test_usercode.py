@@ -568,3 +568,33 @@ def test_a_numpy_or_tensor_num_classes_in_meta_is_the_integer_it_holds(kind):
 
     sp = load_user_splits(DataConfig(class_path=reference_of(make, "data")))
     assert sp.num_classes == 10 and type(sp.meta["num_classes"]) is int
+
+
+class ThroughNumpy(nn.Module):
+    """A forward that leaves torch for numpy between layers: fine in fp32, a TypeError on a bf16 tensor."""
+
+    def __init__(self, num_classes, in_channels, image_size):
+        super().__init__()
+        self.a = nn.Linear(in_channels * image_size ** 2, 16)
+        self.b = nn.Linear(16, num_classes)
+
+    def forward(self, x):
+        h = self.a(x.flatten(1))
+        h = h + torch.from_numpy(h.detach().numpy() * 0.0)
+        return self.b(h)
+
+
+def test_a_model_that_fails_only_under_the_runs_autocast_is_one_line_naming_the_mode():
+    """oneDNN's LSTM without a bf16 kernel (a tester's CPU), or numpy inside a forward: the check ran in fp32
+    only, and the first autocast step raised a 30-line traceback."""
+    from triaccel.api import load
+    from triaccel.control import build_trainer
+    from triaccel.errors import ConfigError
+
+    base = {"epochs": 1, "batch_size": 32, "device": "cpu", "tracking": {"enabled": False}, "amp_dtype": "bf16"}
+    for mode in ("amp", "triaccel"):
+        with pytest.raises(ConfigError, match=rf"^model\.class_path: .*'s forward runs in fp32 but fails under mode "
+                                              rf"{mode}'s bfloat16 autocast on cpu: TypeError: .*; mode: fp32 trains it"):
+            build_trainer(load({**base, "mode": mode}, model=ThroughNumpy, data=tiny_data), [], log=lambda *a: None)
+    assert build_trainer(load({**base, "mode": "fp32"}, model=ThroughNumpy, data=tiny_data), [],
+                         log=lambda *a: None).fit()["val_acc"] >= 0

@@ -85,6 +85,18 @@ def layer_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return layer_plan(model).layers
 
 
+def first_half(cfg, device: torch.device) -> torch.dtype | None:
+    """The 16-bit type a run of ``cfg`` first autocasts its forward to on ``device``: amp's dtype, triaccel's
+    initial level as the device runs it; None in fp32 mode or where that level runs in fp32."""
+    if cfg.mode == "fp32":
+        return None
+    if cfg.mode == "amp":
+        return DTYPES[cfg.amp_dtype]
+    pc = cfg.triaccel.precision
+    level = supported_levels(device, cpu_fp16=pc.cpu_fp16, half=pc.half)[cfg.amp_dtype]
+    return None if level == "fp32" else DTYPES[level]
+
+
 def supported_levels(device: torch.device, cpu_fp16: bool = False, half: str = "fp16") -> dict[str, str]:
     """Map each requested level to what the device can run; a fallback is stated, never silent.
     On a CPU fp16 runs as bf16 unless ``cpu_fp16`` (there fp16 is ~17x slower than bf16: the

@@ -51,7 +51,7 @@ from triaccel.metrics import correct_count, efficiency_score, example_loss_sum, 
 from triaccel.units import mem_text
 from triaccel.models import build_model, enable_checkpointing
 from triaccel.optim import GradScaler, make_optimizer, param_groups
-from triaccel.precision import DTYPES, PrecisionRuntime
+from triaccel.precision import DTYPES, PrecisionRuntime, first_half
 from triaccel.progress import bar as progress_bar
 from triaccel.schedule import WarmupCosine
 
@@ -153,7 +153,8 @@ class Trainer:
                                  meta=sp.meta if self.user_data else None).to(self.device)
         if cfg.model.class_path is not None:  # the user's own model: its output checked before it trains
             x, y = self.train_data.batch(torch.arange(min(2, len(self.train_data))), train=False)
-            check_user_forward(self.model, x, y, sp.num_classes, cfg.model.class_path)
+            check_user_forward(self.model, x, y, sp.num_classes, cfg.model.class_path, half=first_half(cfg, self.device),
+                               mode=cfg.mode)
         self.channels_last = cfg.channels_last
         if self.channels_last is None:  # auto: NHWC for conv models on CUDA (NCHW batch-norm kernels are slow there)
             self.channels_last = self.device.type == "cuda" and any(

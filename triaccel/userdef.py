@@ -296,13 +296,14 @@ def build_user_model(mc, info: dict) -> torch.nn.Module:
 
 
 def check_user_forward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, ref: str,
-                       failure_is_final: bool = True) -> None:
+                       failure_is_final: bool = True, half: torch.dtype | None = None, mode: str = "amp") -> None:
     """The user's model (``ref``, model.class_path) on two training examples, without gradients and in eval
     mode, before anything trains: a model with nothing to train, a forward that fails on the data, or one
     that returns something other than the logits is said in one line naming the key, not as a traceback
     from the first training step. ``failure_is_final=False`` (a search's driver, checking on its CPU for
     runs on another device) lets a forward that raises pass: the run checks it again on its own device,
-    where a model written for CUDA alone can run."""
+    where a model written for CUDA alone can run. ``half``: the 16-bit type the run's ``mode`` autocasts to,
+    where the forward runs a second time (oneDNN's LSTM has no bf16 kernel on a CPU)."""
     key = "model.class_path"
     if not any(p.requires_grad for p in model.parameters()):
         raise ConfigError(f"{key}: {ref} has no parameter to train")
@@ -328,3 +329,17 @@ def check_user_forward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
     if out.dim() != y.dim() + 1 or tuple(out.shape[:-1]) != tuple(y.shape) or out.shape[-1] < num_classes:
         raise ConfigError(f"{key}: {ref}'s forward returned logits of shape {tuple(out.shape)} for targets of shape "
                           f"{tuple(y.shape)} and {num_classes} classes; it must return {kind}")
+    if half is None:
+        return
+    model.eval()
+    try:
+        with torch.no_grad(), torch.autocast(x.device.type, dtype=half):
+            model(x)
+    except Exception as e:  # noqa: BLE001 -- the user's code under the run's autocast, in one line
+        if failure_is_final:
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            raise ConfigError(f"{key}: {ref}'s forward runs in fp32 but fails under mode {mode}'s "
+                              f"{str(half).replace('torch.', '')} autocast on {x.device.type}: {type(e).__name__}: "
+                              f"{first}; mode: fp32 trains it") from None
+    finally:
+        model.train(was)

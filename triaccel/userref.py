@@ -147,7 +147,10 @@ def check_references(train: dict) -> None:
 
         x, y = first_examples(sp)
         on_cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())  # as the runs resolve it here
-        check_user_forward(model, x, y, info[0], cfg.model.class_path, failure_is_final=on_cpu)
+        from triaccel.precision import first_half
+
+        half = first_half(cfg, torch.device("cpu")) if on_cpu else None  # another device's autocast: the run's check
+        check_user_forward(model, x, y, info[0], cfg.model.class_path, failure_is_final=on_cpu, half=half, mode=cfg.mode)
 
 
 SHIP_EXCLUDES = ["__pycache__", "*.pyc", ".git", "mlruns", ".ipynb_checkpoints"]
