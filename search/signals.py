@@ -120,7 +120,9 @@ def failed(name: str, uri: str, e: Exception) -> TriAccelError:
         return cause  # a check's own line (an unusable --address), as it was
     text = str(cause or e).strip()
     why = text.splitlines()[0][:300] if text else type(e).__name__
-    return TriAccelError(f"search '{name}' stopped: {why}; `triaccel resume {name}` continues it")
+    # the cause may be the user's code, failing the same way every time: resuming first is no use
+    return TriAccelError(f"search '{name}' stopped: {why}; once its cause is fixed, `triaccel resume {name}` "
+                         f"continues it")
 
 
 def _stopped(name: str, uri: str, left: str) -> None:

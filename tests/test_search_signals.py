@@ -185,7 +185,8 @@ def test_ctrl_c_wrapped_by_a_library_is_still_a_stopped_search(tmp_path):
     from triaccel.errors import TriAccelError
 
     # any other error is a failed search, not a stop: one line naming the cause and `resume`, its runs KILLED
-    with pytest.raises(TriAccelError, match=r"search 'w' stopped: not an interrupt; `triaccel resume w`") as e:
+    with pytest.raises(TriAccelError, match=r"search 'w' stopped: not an interrupt; once its cause is fixed, `triaccel resume w` "
+                                                 r"continues it") as e:
         with signals.interruptible("w", uri):
             raise RuntimeError("not an interrupt")
     assert not isinstance(e.value, Interrupted) and c.get_run(run).info.status == "KILLED"
