@@ -147,3 +147,17 @@ def test_a_named_models_key_beside_class_path_is_refused_not_ignored(tmp_path):
     assert load_config(p).model.init_args == {"width": 4}
     p.write_text(yaml.safe_dump({"model": {"name": "small_cnn", "width": 4}}))
     assert load_config(p).model.width == 4  # a named model reads it
+
+
+def test_image_size_with_the_users_data_is_named_as_unread_not_as_a_crop(tmp_path):
+    """data: {class_path: ..., image_size: 4} was refused as 'data.crop_padding: must be < the image side'."""
+    import yaml
+
+    from triaccel.config import load_config
+    from triaccel.errors import ConfigError
+
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump({"data": {"class_path": "pkg.data:make", "image_size": 4}}))
+    with pytest.raises(ConfigError, match=r"data\.image_size: is for the built-in datasets; data\.class_path's "
+                                          r"factory reads its own data"):
+        load_config(p)

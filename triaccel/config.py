@@ -585,7 +585,7 @@ class TrainConfig:
                    f"{self.batch_size} is outside the batch controller's bounds [triaccel.batch.min_batch "
                    f"{bc.min_batch}, triaccel.batch.max_batch {bc.max_batch}]")
         dc = self.data
-        if dc.image_size is not None:
+        if dc.image_size is not None and dc.class_path is None:  # the user's data: check_read says image_size is unread
             bad = check_image_size(self.model, dc.image_size)
             _check(bad is None, "data.image_size", bad or "")
             bad = check_crop_padding(dc, dc.image_size)
