@@ -304,7 +304,6 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "", strict: bo
     if strict:
         try:
             base.data.check_read()
-            base.model.check_read()
         except ConfigError as e:
             raise ConfigError(f"{src}: train.{e}") from None
     space = SearchSpace(train_settings=MappingProxyType(copy.deepcopy(train)), params=MappingProxyType(params),

@@ -129,26 +129,6 @@ def test_under_the_fisher_proxy_the_probe_keys_are_unread_and_a_config_without_t
     assert from_dict(TrainConfig, d) == TrainConfig(mode="triaccel")  # the same run, read back
 
 
-def test_a_named_models_key_beside_class_path_is_refused_not_ignored(tmp_path):
-    """`model: {class_path: pkg.build, width: 4}` (the factory's argument written beside its path, as Hydra
-    does) trained at width 32 without a word; the same key under init_args is the factory's."""
-    import yaml
-
-    from triaccel.config import load_config
-    from triaccel.errors import ConfigError
-
-    p = tmp_path / "c.yaml"
-    for model, key in (({"width": 4}, "width"), ({"name": "resnet18"}, "name")):
-        p.write_text(yaml.safe_dump({"model": {"class_path": "torch.nn:Linear", **model}}))
-        with pytest.raises(ConfigError, match=rf"model\.{key}: is for the named models; model\.class_path's factory "
-                                              rf"takes its arguments in model\.init_args"):
-            load_config(p)
-    p.write_text(yaml.safe_dump({"model": {"class_path": "torch.nn:Linear", "init_args": {"width": 4}}}))
-    assert load_config(p).model.init_args == {"width": 4}
-    p.write_text(yaml.safe_dump({"model": {"name": "small_cnn", "width": 4}}))
-    assert load_config(p).model.width == 4  # a named model reads it
-
-
 def test_image_size_with_the_users_data_is_named_as_unread_not_as_a_crop(tmp_path):
     """data: {class_path: ..., image_size: 4} was refused as 'data.crop_padding: must be < the image side'."""
     import yaml

@@ -159,17 +159,6 @@ class ModelConfig:
         """The keys a run never reads: with class_path, the named models' (see DataConfig.unread)."""
         return () if self.class_path is None else ("name", "kwargs", "resize", "width")
 
-    def check_read(self) -> None:
-        """With class_path, a named model's key set away from its default would be ignored (Hydra's habit of
-        writing the factory's arguments beside its path: ``width: 4`` trained width 32); checked where
-        DataConfig.check_read is."""
-        if self.class_path is None:
-            return
-        for key, default in (("name", ModelConfig.name), ("width", ModelConfig.width)):  # kwargs: refused above
-            _check(getattr(self, key) == default, f"model.{key}",
-                   f"is for the named models; model.class_path's factory takes its arguments in model.init_args "
-                   f"(model.init_args.{key})")
-
     def label(self) -> str:
         """The model as a person names it: the factory's reference, or the name."""
         return self.class_path or self.name
@@ -610,7 +599,6 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             set_dotted(data, k, v)
         cfg = from_dict(TrainConfig, data)
         cfg.data.check_read()
-        cfg.model.check_read()
         return cfg
     except ConfigError as e:
         # a value given with --set is named as the user typed it, not as the config file's (the last
