@@ -310,36 +310,33 @@ def check_user_forward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
     was = model.training
     model.eval()
     try:
-        with torch.no_grad():
-            out = model(x)
-    except Exception as e:  # noqa: BLE001 -- the user's code: any error is theirs to read, in one line
-        if not failure_is_final:
+        try:
+            with torch.no_grad():
+                out = model(x)
+        except Exception as e:  # noqa: BLE001 -- the user's code: any error is theirs to read, in one line
+            if not failure_is_final:
+                return
+            hint = ("; the data's images are uint8, passed as they are: convert them in the model (x.float() / 255) "
+                    "or return float tensors") if x.dtype == torch.uint8 and x.dim() == 4 else ""
+            raise ConfigError(f"{key}: {ref}'s forward failed on a batch of the data (inputs {tuple(x.shape)} "
+                              f"{str(x.dtype).replace('torch.', '')}): {said(e)}{hint}") from None
+        kind = "[batch, positions, vocabulary] for a language model" if y.dim() > 1 else "[batch, classes]"
+        if not isinstance(out, torch.Tensor):
+            raise ConfigError(f"{key}: {ref}'s forward returned a {type(out).__name__}, not a tensor of logits "
+                              f"{kind}: return the logits (a small wrapper module can pick them out)")
+        if out.dim() != y.dim() + 1 or tuple(out.shape[:-1]) != tuple(y.shape) or out.shape[-1] < num_classes:
+            raise ConfigError(f"{key}: {ref}'s forward returned logits of shape {tuple(out.shape)} for targets of "
+                              f"shape {tuple(y.shape)} and {num_classes} classes; it must return {kind}")
+        if half is None:
             return
-        first = (str(e).strip().splitlines() or [""])[0]
-        hint = ("; the data's images are uint8, passed as they are: convert them in the model (x.float() / 255) "
-                "or return float tensors") if x.dtype == torch.uint8 and x.dim() == 4 else ""
-        raise ConfigError(f"{key}: {ref}'s forward failed on a batch of the data (inputs {tuple(x.shape)} "
-                          f"{str(x.dtype).replace('torch.', '')}): {type(e).__name__}: {first}{hint}") from None
+        try:
+            with torch.no_grad(), torch.autocast(x.device.type, dtype=half):
+                model(x)
+        except Exception as e:  # noqa: BLE001 -- the user's code under the run's autocast, in one line
+            if failure_is_final:
+                raise ConfigError(f"{key}: {ref}'s forward runs in fp32 but fails under mode {mode}'s "
+                                  f"{str(half).replace('torch.', '')} autocast on {x.device.type}: {said(e)}; "
+                                  f"mode: fp32 trains it") from None
     finally:
         model.train(was)
-    kind = "[batch, positions, vocabulary] for a language model" if y.dim() > 1 else "[batch, classes]"
-    if not isinstance(out, torch.Tensor):
-        raise ConfigError(f"{key}: {ref}'s forward returned a {type(out).__name__}, not a tensor of logits "
-                          f"{kind}: return the logits (a small wrapper module can pick them out)")
-    if out.dim() != y.dim() + 1 or tuple(out.shape[:-1]) != tuple(y.shape) or out.shape[-1] < num_classes:
-        raise ConfigError(f"{key}: {ref}'s forward returned logits of shape {tuple(out.shape)} for targets of shape "
-                          f"{tuple(y.shape)} and {num_classes} classes; it must return {kind}")
-    if half is None:
-        return
-    model.eval()
-    try:
-        with torch.no_grad(), torch.autocast(x.device.type, dtype=half):
-            model(x)
-    except Exception as e:  # noqa: BLE001 -- the user's code under the run's autocast, in one line
-        if failure_is_final:
-            first = (str(e).strip().splitlines() or [""])[0][:300]
-            raise ConfigError(f"{key}: {ref}'s forward runs in fp32 but fails under mode {mode}'s "
-                              f"{str(half).replace('torch.', '')} autocast on {x.device.type}: {type(e).__name__}: "
-                              f"{first}; mode: fp32 trains it") from None
-    finally:
-        model.train(was)
+

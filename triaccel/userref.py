@@ -141,16 +141,16 @@ def check_references(train: dict) -> None:
     check_model_takes(cfg.model, sp)
     model = build_model(cfg.model, *info[:3], meta=info[3])
     if cfg.model.class_path is not None:  # its output too: a search must not take its name for a model that cannot train
-        from triaccel.userdef import check_user_forward, first_examples
-
         import torch
 
-        x, y = first_examples(sp)
-        on_cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())  # as the runs resolve it here
         from triaccel.precision import first_half
+        from triaccel.userdef import check_user_forward, first_examples
 
-        half = first_half(cfg, torch.device("cpu")) if on_cpu else None  # another device's autocast: the run's check
-        check_user_forward(model, x, y, info[0], cfg.model.class_path, failure_is_final=on_cpu, half=half, mode=cfg.mode)
+        # final only where the runs train on this CPU too; another device's failures and autocast are the run's check
+        on_cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
+        x, y = first_examples(sp)
+        check_user_forward(model, x, y, info[0], cfg.model.class_path, failure_is_final=on_cpu,
+                           half=first_half(cfg, torch.device("cpu")) if on_cpu else None, mode=cfg.mode)
 
 
 SHIP_EXCLUDES = ["__pycache__", "*.pyc", ".git", "mlruns", ".ipynb_checkpoints"]
