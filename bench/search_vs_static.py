@@ -126,6 +126,9 @@ def parse_args():
                                      "(default: the --tuned file's space where it still exists, else "
                                      "spaces/cifar10_jpeg_resnet18.yaml)")
     ap.add_argument("--tuned", help="an exported config: skip the search")
+    ap.add_argument("--start", type=int, metavar="K",
+                    help="skip the search and train the space's K-th start point (from 0) as the export: "
+                         "its train settings with that point's keys set")
     ap.add_argument("--trials", type=int, help="override the space's trial count")
     ap.add_argument("--imagefolder", action="store_true",
                     help="read --data-dir as an ImageFolder (the CIFAR-10 JPEG pack) whatever data the space "
@@ -183,6 +186,23 @@ def search_and_export(args, space: dict, work: Path, res: dict) -> Path:
     if search_rc or r.returncode:  # an export of an older search under the same --work is no result
         sys.exit(f"search (exit {search_rc}) or export (exit {r.returncode}) failed: see {args.out}")
     return work / "tuned.yaml"
+
+
+def start_point(space: dict, k: int, work: Path, space_file: str) -> Path:
+    """The space's k-th start point as a train config (the space's train settings, the point's keys set),
+    written to ``work``: what ``--tuned`` reads."""
+    from triaccel.config_io import set_dotted
+
+    starts = space.get("start") or []
+    if not 0 <= k < len(starts):
+        sys.exit(f"--start {k}: the space has {len(starts)} start points (0..{len(starts) - 1})")
+    d = copy.deepcopy(space["train"])
+    for key, val in starts[k].items():
+        set_dotted(d, key, val)
+    d["provenance"] = {"space_file": space_file, "start_point": k}
+    p = work / f"start{k}.yaml"
+    p.write_text(yaml.safe_dump(d, sort_keys=False))
+    return p
 
 
 def static_runs(space: dict, epochs: int):
@@ -276,6 +296,8 @@ def main():
     work.mkdir(parents=True, exist_ok=True)
     space = read_space(args)
     res = {"what": __doc__.split("\n\n")[0], "epochs": args.epochs, "space": args.space, "runs": {}}
+    if args.start is not None:
+        args.tuned = str(start_point(space, args.start, work, args.space))
     if args.tuned is None:
         args.tuned = str(search_and_export(args, space, work, res))
         if args.search_only:
