@@ -536,8 +536,10 @@ def test_two_lambdas_handed_at_once_stay_apart_and_a_later_call_replaces_its_own
     (lambda y: y.unsqueeze(1), r"targets of shape \[N, 1\]: give class ids of shape \[N\] \(y\.squeeze\(1\)\)"),
     (lambda y: torch.nn.functional.one_hot(y, 10), r"targets look one-hot \(\[N, 10\], a single 1 per row\): give "
                                                     r"class ids \(y\.argmax\(1\)\)"),
+    (lambda y: torch.where(torch.arange(60)[:, None] % 3 == 0, -100, y[:, None].expand(60, 8)),
+     r"targets must be class ids >= 0, got -100; -100 is an ignore index .*cut those positions"),
 ])
-def test_targets_of_one_column_or_one_hot_are_refused_naming_the_fix(targets, said):
+def test_targets_of_one_column_or_one_hot_or_an_ignore_index_are_refused_naming_the_fix(targets, said):
     """They were read as sequences: a 'language model' error from the model's output, or num_classes 2."""
     from triaccel.config import DataConfig
     from triaccel.errors import DataError

@@ -151,7 +151,9 @@ def materialise(ds: Any, where: str) -> tuple[torch.Tensor, torch.Tensor]:
         raise DataError(f"{where}: targets look one-hot ([N, {y.shape[1]}], a single 1 per row): give class ids "
                         f"(y.argmax(1)); [N, T] targets are read as sequences of T positions")
     if int(y.min()) < 0:
-        raise DataError(f"{where}: targets must be class ids >= 0, got {int(y.min())}")
+        ignore = ("; -100 is an ignore index (Hugging Face, CrossEntropyLoss's default), but here every position "
+                  "is trained and scored: cut those positions from the examples") if int(y.min()) == -100 else ""
+        raise DataError(f"{where}: targets must be class ids >= 0, got {int(y.min())}{ignore}")
     return x, y.long()
 
 
