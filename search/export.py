@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from triaccel.config import to_dict
+from triaccel.config import runnable_dict
 from triaccel.errors import ConfigError
 from triaccel.search import phases
 from triaccel.search.state import open_store, read_outcome, read_state, saved_space, search_finished, state_store
@@ -39,15 +39,7 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
     finished = search_finished(name, uri)
     note_unfinished(name, finished)
     cfg, searched_epochs, length = exported_config(space, chosen, epochs)
-    data = to_dict(cfg)
-    if cfg.mode != "triaccel":  # a static export: no triaccel section that nothing reads
-        data.pop("triaccel", None)
-    else:  # nor the Hessian probe's keys under the Fisher proxy
-        for key in cfg.triaccel.curvature.unread():
-            data["triaccel"]["curvature"].pop(key, None)
-    for section in ("data", "model"):  # nor a built-in dataset's or model's keys beside a class_path
-        for key in getattr(cfg, section).unread():
-            data[section].pop(key, None)
+    data = runnable_dict(cfg)  # no key the run never reads
     data["provenance"] = provenance(name, state, space, uri, how, o, j, chosen, finished, searched_epochs)
     row = chosen.row
     text = (f"# Exported by `triaccel export {name}` from MLflow run {row['run_id']} ({chosen.reason}).\n"

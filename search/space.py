@@ -61,7 +61,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from triaccel.config import MAX_BATCH, TrainConfig, from_dict, path_kind, read_yaml, set_dotted
+from triaccel.config import MAX_BATCH, ModelConfig, TrainConfig, from_dict, path_kind, read_yaml, set_dotted
 from triaccel.config_io import unknown_key
 from triaccel.errors import ConfigError
 from triaccel.search.params import EPS, FRAC_SUFFIX, Param, field_error, number, parse_params
@@ -304,6 +304,7 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "", strict: bo
     if strict:
         try:
             base.data.check_read()
+            ModelConfig.check_written(train.get("model"))
         except ConfigError as e:
             raise ConfigError(f"{src}: train.{e}") from None
     space = SearchSpace(train_settings=MappingProxyType(copy.deepcopy(train)), params=MappingProxyType(params),

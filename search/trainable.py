@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from triaccel.config import to_dict
+from triaccel.config import runnable_dict
 from triaccel.hooks import Callback
 
 # val_ppl: a language model's (sequence targets) only
@@ -59,7 +59,7 @@ class TuneReporter(Callback):
         out[NODE_KEY] = ray_node_id()
         with tempfile.TemporaryDirectory() as d:
             trainer.save(Path(d) / "trainer.pt")
-            (Path(d) / "config.yaml").write_text(yaml.safe_dump(to_dict(trainer.cfg), sort_keys=False))
+            (Path(d) / "config.yaml").write_text(yaml.safe_dump(runnable_dict(trainer.cfg), sort_keys=False))
             if trainer.loop is not None:
                 trainer.loop.write_artifacts(Path(d) / "triaccel", plots=False)  # the driver draws them once
             # the iteration this checkpoint ends (one report per epoch): what restoring a newer checkpoint

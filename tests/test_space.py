@@ -96,6 +96,16 @@ def test_bad_space_is_one_line_naming_key_and_file(data, match):
         parse_space(data, source="s.yaml")
 
 
+def test_a_named_models_key_beside_class_path_in_a_new_space_is_refused_and_a_saved_space_is_read_as_accepted():
+    """As in a config file (tests/test_config.py): `model: {class_path: ..., width: 4}` trained width 32."""
+    data = {"train": {"model": {"class_path": "torch.nn:Linear", "width": 4}},
+            "params": {"optim.lr": {"distribution": "uniform", "low": 0.1, "high": 0.2}}}
+    with pytest.raises(ConfigError, match=r"^s\.yaml: train\.model\.width: is for the named models and not read with "
+                                          r"model\.class_path"):
+        parse_space(data, source="s.yaml", strict=True)
+    assert parse_space(data, source="s.yaml").train_settings["model"]["width"] == 4
+
+
 def test_cli_rejects_bad_space_before_ray_starts(tmp_path):
     p = tmp_path / "bad.yaml"
     p.write_text(yaml.safe_dump(_space(**{"optim.lr": {"distribution": "loguniform", "low": -1, "high": 1}})))

@@ -60,7 +60,7 @@ def load(config: str | os.PathLike | dict, model=None, data=None, overrides: lis
     if not isinstance(raw, dict):
         raise ConfigError(f"config: must be a YAML path or a dict, got {type(config).__name__}")
     try:
-        return load_config(None, overrides, base=_with_refs(raw, model, data))
+        return load_config(None, overrides, base=_with_refs(raw, model, data), written_model=raw.get("model") or {})
     except ConfigError as e:
         if path is not None and not str(e).startswith("--set"):
             raise ConfigError(f"{path}: {e}") from None

@@ -159,6 +159,19 @@ class ModelConfig:
         """The keys a run never reads: with class_path, the named models' (see DataConfig.unread)."""
         return () if self.class_path is None else ("name", "kwargs", "resize", "width")
 
+    @staticmethod
+    def check_written(section: Any, set_keys: tuple[str, ...] = ()) -> None:
+        """A named model's key written beside class_path, in one hand-written section (``section``, a
+        config file's or a new space's ``model``) or given with ``--set`` (``set_keys``, the keys under
+        model.), would be ignored: ``model: {class_path: pkg.build, width: 4}``, the factory's argument
+        written beside its path as Hydra does, trained width 32. A class_path given with ``--set`` on a
+        shipped config that sets width is not this: the file's width was never the factory's."""
+        beside = isinstance(section, dict) and section.get("class_path") is not None
+        for key in ("name", "width"):  # kwargs and resize: refused by __post_init__ whatever wrote them
+            if (beside and key in section) or key in set_keys:
+                raise ConfigError(f"model.{key}: is for the named models and not read with model.class_path; "
+                                  f"the factory takes its arguments in model.init_args (model.init_args.{key})")
+
     def label(self) -> str:
         """The model as a person names it: the factory's reference, or the name."""
         return self.class_path or self.name
@@ -587,18 +600,41 @@ class TrainConfig:
         return min(DEFAULT_WARMUP_EPOCHS, float(self.epochs)) if w is None else w
 
 
+def runnable_dict(cfg: TrainConfig) -> dict:
+    """``cfg`` as a file to run again (an export, a run's config.yaml): ``to_dict`` less the keys the run never
+    reads (a static run's triaccel section, the Hessian probe's keys under the Fisher proxy, a built-in
+    dataset's or model's keys beside a class_path). ``load_config`` reads it back to the same run; the full
+    dict would be refused for a named model's key written beside model.class_path."""
+    data = to_dict(cfg)
+    if cfg.mode != "triaccel":
+        data.pop("triaccel", None)
+    else:
+        for key in cfg.triaccel.curvature.unread():
+            data["triaccel"]["curvature"].pop(key, None)
+    for section in ("data", "model"):
+        for key in getattr(cfg, section).unread():
+            data[section].pop(key, None)
+    return data
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                base: dict | None = None) -> TrainConfig:
-    """Load a TrainConfig from YAML plus ``key=value`` overrides; errors name file and key."""
+                base: dict | None = None, written_model: dict | None = None) -> TrainConfig:
+    """Load a TrainConfig from YAML plus ``key=value`` overrides; errors name file and key.
+    ``written_model``: the model section as the user wrote it, where ``base`` is more (triaccel.train's
+    handed factory set as its class_path); else the file's or base's own."""
     data = dict(base or {})
     if path is not None:
         data = read_yaml(path)
     sets = parse_overrides(overrides or [])
+    written = written_model if written_model is not None else data.get("model")
+    written = dict(written) if isinstance(written, dict) else None  # before the --set keys
     try:
         for k, v in sets:
             set_dotted(data, k, v)
         cfg = from_dict(TrainConfig, data)
         cfg.data.check_read()
+        if cfg.model.class_path is not None:
+            ModelConfig.check_written(written, tuple(k.split(".", 1)[1] for k, _ in sets if k.startswith("model.")))
         return cfg
     except ConfigError as e:
         # a value given with --set is named as the user typed it, not as the config file's (the last

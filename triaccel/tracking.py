@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from triaccel.config import flatten, to_dict
+from triaccel.config import flatten, runnable_dict, to_dict
 from triaccel.errors import ConfigError
 from triaccel.hooks import Callback
 
@@ -292,7 +292,8 @@ class MLflowLogger(Callback):
         # the provenance of an exported config is free text (keys MLflow refuses as param names, 36 params
         # such as provenance.metrics.efficiency beside the run's own): in config.yaml only
         log_params(self.client, self.run_id, flatten({k: v for k, v in cfgd.items() if k != "provenance"}))
-        log_yaml_artifact(self.client, self.run_id, cfgd, "config.yaml")
+        # config.yaml: the run as a file to train again, without the keys it never reads (as an export)
+        log_yaml_artifact(self.client, self.run_id, runnable_dict(self.cfg), "config.yaml")
 
     def on_epoch_end(self, trainer, metrics):
         log_metrics(self.client, self.run_id, metrics, step=metrics["epoch"])
