@@ -96,20 +96,24 @@ def reuse_key(cfg) -> str:
 
 
 def find_source(c, exp: str, key: str, search: str, epochs: int) -> dict | None:
-    """The newest finished, complete baseline run of ``key`` in another search, as a plain row."""
+    """The most efficient finished, complete baseline run of ``key`` in another search, as a plain row (the
+    newest of equals). Another search's trials on the same machine or cluster only slow a baseline or grow its
+    peak, never the other way: the best measurement is the least disturbed one, and the hardest reference to
+    beat. The newest was taken before, and one measured beside a teammate's trials became every later
+    search's reference."""
     from triaccel.search.results import is_complete
 
     runs = c.search_runs([exp], filter_string=f"tags.`{KEY_TAG}` = '{key}' and tags.`triaccel.role` = 'baseline' "
                                               f"and attributes.status = 'FINISHED'",
                          order_by=["attributes.start_time DESC"], max_results=50)
-    for r in runs:
-        if r.data.tags.get("triaccel.search") == search:
-            continue
-        row = {"run_id": r.info.run_id, "status": r.info.status, "metrics": dict(r.data.metrics),
-               "tags": dict(r.data.tags), "params": dict(r.data.params), "start_time": r.info.start_time}
-        if is_complete(row, epochs):
-            return row
-    return None
+    rows = [{"run_id": r.info.run_id, "status": r.info.status, "metrics": dict(r.data.metrics),
+             "tags": dict(r.data.tags), "params": dict(r.data.params), "start_time": r.info.start_time}
+            for r in runs if r.data.tags.get("triaccel.search") != search]
+    def rank(row):
+        eff = row["metrics"].get("efficiency", float("nan"))
+        return (eff if eff == eff else float("-inf"), row["start_time"])  # NaN: last
+
+    return max((row for row in rows if is_complete(row, epochs)), key=rank, default=None)
 
 
 def origin(src: dict) -> tuple[str, str, str]:

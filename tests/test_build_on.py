@@ -49,7 +49,7 @@ def _runs(uri, name, role="baseline"):
 
 @pytest.mark.slow
 def test_a_second_search_reuses_the_baseline_and_fresh_trains_it(tmp_store, capsys):
-    """run_baselines as a search calls it, three searches of one space in one store."""
+    """run_baselines as a search calls it, five searches of one space in one store."""
     from triaccel.search.baseline_cache import KEY_TAG, REUSED_FROM, REUSED_SEARCH
     from triaccel.search.alone import run_baselines
     from triaccel.search.space import parse_space
@@ -78,6 +78,13 @@ def test_a_second_search_reuses_the_baseline_and_fresh_trains_it(tmp_store, caps
     _, (b4,) = _runs(tmp_store, "s4")
     assert REUSED_FROM not in b4.data.tags
     assert b4.data.metrics["wall_s"] != b1.data.metrics["wall_s"]  # trained again, timed again
+
+    # b4 measured beside another search's trials (half the efficiency, as a teammate's search on the cluster
+    # made it): the next search reuses the better measurement, b1, not the newest
+    c.log_metric(b4.info.run_id, "efficiency", b1.data.metrics["efficiency"] / 2, step=SPACE["train"]["epochs"])
+    run_baselines("s5", space, tmp_store, 1)
+    _, (b5,) = _runs(tmp_store, "s5")
+    assert b5.data.tags[REUSED_FROM] == b1.info.run_id, (b5.data.tags[REUSED_SEARCH], b4.info.run_id)
 
 
 def test_a_reused_baseline_costs_the_search_no_device_time():
