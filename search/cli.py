@@ -124,7 +124,9 @@ def cmd_ui(args) -> int:
         return 2
     uri = tracking_uri(None, write=False)  # no folder made: a store that is not there is said below
     if not uri.startswith("sqlite:") and not uri.startswith("postgresql") and not uri.startswith("mysql"):
-        print(f"triaccel: error: the UI needs a database store; MLFLOW_TRACKING_URI is {uri}", file=sys.stderr)
+        server = uri.startswith(("http://", "https://"))  # a team's MLflow server serves its own UI: open it
+        print(f"triaccel: error: the UI needs a database store; MLFLOW_TRACKING_URI is {uri}"
+              + (": an MLflow server, whose own UI is at that address" if server else ""), file=sys.stderr)
         return 2
     # MLflow reports a port in use deep in its server's log and still exits 0: check it here, binding the
     # address as the server will (IPv6 for a host with a colon, as uvicorn does), without SO_REUSEADDR

@@ -300,6 +300,10 @@ def test_in_memory_store_is_refused_naming_where_it_came_from(tmp_path, capsys, 
     _one_line(capsys, train, f"MLFLOW_TRACKING_URI: {uri} is an in-memory sqlite store")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "foo://bar")  # any store error names the variable
     _one_line(capsys, train, "MLFLOW_TRACKING_URI: unknown MLflow store scheme 'foo'")
+    # a server's address without http:// was read as a folder: MLflow's "file store ... maintenance mode" line
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "127.0.0.1:5999")
+    _one_line(capsys, train, "MLFLOW_TRACKING_URI: 127.0.0.1:5999 has no scheme; an MLflow server is "
+                             "http://127.0.0.1:5999")
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     _one_line(capsys, [*train, "--set", f"tracking.tracking_uri='{uri}'"], f"tracking.tracking_uri: {uri} is an in-memory")
 
@@ -754,6 +758,17 @@ def test_ui_on_a_port_in_use_is_one_line_and_exit_2(tmp_path):
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert r.stderr.startswith(f"triaccel: error: --port {port}: 127.0.0.1:{port} is already in use (")
     assert "MLflow UI" not in r.stdout  # refused before announcing a server
+
+
+def test_ui_against_an_mlflow_server_points_at_the_servers_own_ui(tmp_path):
+    """A team's store is an MLflow server, which serves its own UI: `triaccel ui` says so, where it only said
+    that it needs a database store."""
+    env = child_env(MLFLOW_TRACKING_URI="http://127.0.0.1:5999")
+    r = subprocess.run([sys.executable, "-m", "triaccel.cli", "ui"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 2 and r.stderr == ("triaccel: error: the UI needs a database store; MLFLOW_TRACKING_URI is "
+                                              "http://127.0.0.1:5999: an MLflow server, whose own UI is at that "
+                                              "address\n"), r.stderr
 
 
 def test_ui_rejects_a_port_out_of_range(tmp_path):

@@ -10,6 +10,7 @@ artifact, never a param (MLflow refuses to change a logged param).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -147,6 +148,8 @@ def check_store(uri: str, key: str = "tracking.tracking_uri", write: bool = True
 
     from mlflow.tracking import MlflowClient
 
+    if re.fullmatch(r"[\w.-]+:\d+/?", uri):  # HOST:PORT, a server's address without its scheme (read as a path)
+        raise ConfigError(f"{key}: {uri} has no scheme; an MLflow server is http://{uri.rstrip('/')}")
     scheme = urlparse(uri).scheme
     if scheme.split("+")[0] not in STORE_SCHEMES:  # postgresql+psycopg2: a driver after the +
         raise ConfigError(f"{key}: unknown MLflow store scheme {scheme!r} in {uri} "
