@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -29,21 +30,42 @@ from triaccel.tracking import ensure_experiment, git_revision, log_metrics, log_
 def failure_reason(trial) -> str:
     """The last meaningful line of a failed trial's error (e.g. 'Diverged: train loss is nan ...')."""
     text = ""
-    try:
-        err = trial.get_error()
-        text = str(err) if err is not None else ""
-    except Exception:
-        pass
-    if not text and getattr(trial, "error_file", None):
+    if getattr(trial, "error_file", None):  # the driver's own copy, written as the error came: the latest
         try:
             text = Path(trial.error_file).read_text()
         except OSError:
             pass
+    if not text:  # the copy on storage (synced later: a retried trial's may hold only its first failure)
+        try:
+            err = trial.get_error()
+            text = str(err) if err is not None else ""
+        except Exception:
+            pass
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for ln in reversed(lines):
+    for i in range(len(lines) - 1, -1, -1):
+        ln = lines[i]
         if any(w in ln for w in ("Diverged", "OutOfMemory", "Error", "error")):
+            head, sep, rest = ln.partition(": ")
+            if sep and re.fullmatch(r"[\w.]+", head):  # the exception's name without its module path
+                ln = f"{head.rsplit('.', 1)[-1]}: {rest}"
+            ln = ln.removeprefix("TrialFailed: ")  # a retry's re-raise (trainable.TrialFailed): the first error
+            if ln.endswith(":") and i < len(lines) - 1:  # a header ("Unable to set up cluster storage with ...:")
+                ln = f"{ln} ... {lines[-1]}"  # and what ends the message, where Ray puts its advice
             return ln[:500]
     return (lines[-1] if lines else "unknown error")[:500]
+
+
+def worker_lost(trial) -> bool:
+    """The trial's error is its worker's or node's loss (killed, a node gone), not one the trial raised."""
+    import cloudpickle
+    from ray.exceptions import NodeDiedError, RayActorError, WorkerCrashedError
+
+    try:  # the driver's own copy of the error just met (storage's is synced later)
+        p = getattr(trial, "pickled_error_file", None)
+        err = cloudpickle.loads(Path(p).read_bytes()) if p and Path(p).is_file() else trial.get_pickled_error()
+        return isinstance(err, (RayActorError, WorkerCrashedError, NodeDiedError))
+    except Exception:  # noqa: BLE001 - an unreadable error file: not known to be a loss
+        return False
 
 
 def param_importances(space, done: list[dict]) -> dict:
@@ -214,6 +236,10 @@ class MLflowSearchCallback(Callback):
         self._log_checkpoint_artifacts(trial, rid)
         self.client.set_terminated(rid, status="FINISHED")
 
+    def on_trial_recover(self, iteration, trials, trial, **info):  # Tune runs it again (tuner.TRIAL_RETRIES)
+        if worker_lost(trial):
+            self.client.set_tag(self.child_run_id(trial), "triaccel.worker_lost", failure_reason(trial))
+
     def on_trial_error(self, iteration, trials, trial, **info):
         rid = self.child_run_id(trial)
         self.client.set_tag(rid, "failure_reason", failure_reason(trial))
@@ -366,6 +392,12 @@ class ConsoleReporter(Callback):
               f"eff {r.get('efficiency', float('nan')):10.2f}  val {r.get('val_acc', float('nan')):6.2f}%  "
               f"{r.get('epoch_time_last5_s', float('nan')):6.2f}s/epoch  {mem_text(r.get('peak_mem_gib', float('nan')))}",
               flush=True)
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        if worker_lost(trial):  # an error the trial raised itself fails it on the retry: one line, then
+            why = failure_reason(trial).split(". ")[0][:160]  # Ray's first sentence; its advice is in MLflow
+            print(f"  trial {trial.trial_id} lost its worker ({why}): it runs again from its last checkpoint",
+                  flush=True)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self._count(trials, trial)

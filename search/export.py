@@ -14,7 +14,7 @@ import yaml
 from triaccel.config import runnable_dict
 from triaccel.errors import ConfigError
 from triaccel.search import phases
-from triaccel.search.state import open_store, read_outcome, read_state, saved_space, search_finished, state_store
+from triaccel.search.state import again, open_store, read_outcome, read_state, saved_space, search_finished, state_store
 
 
 MAX_EXPORT_EPOCHS = 100_000
@@ -56,7 +56,7 @@ def note_unfinished(name: str, finished: bool | None) -> None:
     """Say on stderr when the export is the best of a search that has not finished, or may not have."""
     if finished is False:  # still running, or stopped: say the export is the best so far
         print(f"triaccel: note: search '{name}' has not finished (still running, or stopped): this is the best of "
-              f"what it measured so far (provenance: search_finished: false); `triaccel resume {name}` finishes a "
+              f"what it measured so far (provenance: search_finished: false); `{again('resume', name)}` finishes a "
               f"stopped one", file=sys.stderr)
     elif finished is None:
         print(f"triaccel: note: search '{name}' has no parent run in the store (deleted in the UI?): whether it "

@@ -48,7 +48,7 @@ def earlier_trials(rows: list[dict], space) -> list:
 
 def check_can_extend(name: str, trials: int, state: dict) -> str:
     """The search's store, once the options and the search are known fit to extend; nothing written."""
-    from triaccel.search.state import search_finished, sqlite_path, state_store, tune_root
+    from triaccel.search.state import again, search_finished, sqlite_path, state_store, tune_root
     from triaccel.search.space import MAX_TRIALS
 
     if not 1 <= trials <= MAX_TRIALS:
@@ -61,7 +61,7 @@ def check_can_extend(name: str, trials: int, state: dict) -> str:
     finished = search_finished(name, uri)
     if finished is not True:
         why = "no parent run in its store" if finished is None else "stopped or still running"
-        raise ConfigError(f"search '{name}' has not finished ({why}): `triaccel resume {name}` finishes it; "
+        raise ConfigError(f"search '{name}' has not finished ({why}): `{again('resume', name)}` finishes it; "
                           f"extend it then")
     return uri
 
@@ -82,9 +82,9 @@ def extend_search(name: str, trials: int, address: str | None = None, confirm: i
 def _extend(name: str, state: dict, trials: int, address: str | None, confirm: int | None) -> dict:
     from triaccel.search import phases
     from triaccel.search.alone import default_confirm, run_baselines
-    from triaccel.search.cluster import check_address, init_ray, on_gpu
+    from triaccel.search.cluster import init_ray, on_gpu
     from triaccel.search.results import trial_table
-    from triaccel.search.runner import finish
+    from triaccel.search.runner import check_cluster, finish
     from triaccel.search.signals import bounded_http_retries, interruptible, own_signals
     from triaccel.search.state import next_extension_folder, open_store, saved_space
     from triaccel.search.tuner import left_to_run, new_searcher, new_tuner, quiet_tune_failures
@@ -93,7 +93,7 @@ def _extend(name: str, state: dict, trials: int, address: str | None, confirm: i
     space = saved_space(state)
     bounded_http_retries()
     uri = check_can_extend(name, trials, state)
-    check_address(address or state.get("address"))
+    check_cluster(name, address, state, "extend", f"--trials {trials}")
     c, exp = open_store(uri)
     rows = trial_table(c, exp, name)
     seeds = earlier_trials(rows, space)

@@ -16,7 +16,7 @@ from triaccel.search.cluster import check_address, check_resources, init_ray, on
 from triaccel.search.lock import driver_lock
 from triaccel.search.signals import bounded_http_retries, interruptible, own_signals
 from triaccel.search.space import CONTROLLER_DEFAULTS, MAX_TRIALS, SearchSpace, load_space
-from triaccel.search.state import (EXPERIMENT, STATE_FILE, check_name, close_orphan_trials, close_running,
+from triaccel.search.state import (EXPERIMENT, STATE_FILE, again, check_name, claim_name, close_orphan_trials, close_running,
                                    name_unused_in_store, note_space_edits, open_store, parent_run, read_outcome, read_state, record_best,
                                    saved_option, saved_space, search_finished, sqlite_path, state_store, tune_root, usable_store,
                                    write_state)
@@ -61,7 +61,7 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     runtime_env, callables = check_user_code(space)  # a bad model or data reference: before anything is written
     path = tune_root() / name
     if (path / STATE_FILE).exists():
-        raise ConfigError(f"search '{name}' already exists in {path}: `triaccel resume {name}` continues it, "
+        raise ConfigError(f"search '{name}' already exists in {path}: `{again('resume', name)}` continues it, "
                           f"or choose another --name")
     bounded_http_retries()
     uri = usable_store()  # before the search takes its name: an unusable store must leave nothing behind
@@ -83,6 +83,7 @@ def _claim_and_run(name: str, space: SearchSpace, uri: str, path: Path, made: bo
     """Write the new search's state (taking its name), then run it: baselines, trials, finish."""
     shared = shared_trials(space)
     state = {"name": name, "space": space.raw, "source": space.source, "sha256": space.sha256, "tracking_uri": uri,
+             "source_path": str(Path(space.source).resolve()) if Path(space.source).is_file() else None,
              "address": address, "created": datetime.datetime.now().isoformat(timespec="seconds"), "shared": shared,
              "controller_defaults": CONTROLLER_DEFAULTS, "fresh_baselines": fresh_baselines,
              # where the workers import the user's code from, and the functions handed from Python
@@ -91,6 +92,7 @@ def _claim_and_run(name: str, space: SearchSpace, uri: str, path: Path, made: bo
              # gpus_per_trial are in space above, overrides applied): resume uses them unless given again
              "options": {"confirm": confirm}}
     write_state(name, path, state, made)
+    claim_name(name, space, uri, path, made, shared)  # and in the store, which other Tune folders share
     print(f"triaccel search '{name}': {space.trials} trials of {space.source}, {space.concurrency} at a time, "
           f"objective {space.objective}; Tune state in {path}; MLflow {uri} (experiment '{EXPERIMENT}')", flush=True)
     with interruptible(name, uri):
@@ -117,8 +119,21 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
         return _resume(name, state, address, confirm, asked)
 
 
+def check_cluster(name: str, address: str | None, state: dict, verb: str = "resume", rest: str = "") -> None:
+    """``--address``, else the cluster the search recorded, answers (``check_address``); where the recorded
+    one is gone, the error says how to go on without it."""
+    try:
+        check_address(address or state.get("address"))
+    except TriAccelError as e:
+        if address or not state.get("address"):
+            raise
+        how = again(verb, name, f"{rest} --address local".strip())
+        raise type(e)(f"{e}; the search started on that cluster: `{how}` continues it on this machine, "
+                      f"--address HOST:PORT on another cluster") from None
+
+
 def _resume(name: str, state: dict, address: str | None, confirm: int | None, asked: int | None = None) -> dict:
-    check_address(address or state.get("address"))
+    check_cluster(name, address, state)
     space = saved_space(state)
     from triaccel.userref import check_user_code, use_runtime_env
 
@@ -140,7 +155,7 @@ def _resume(name: str, state: dict, address: str | None, confirm: int | None, as
             with interruptible(name, uri):
                 return finish(name, space, uri, asked)
         print(f"triaccel resume '{name}': the search has finished; nothing was left to run (export it: "
-              f"triaccel export {name} --out tuned.yaml)", flush=True)
+              f"{again('export', name, '--out tuned.yaml')})", flush=True)
         return {"finished_already": True}
     try:  # before anything runs: a state that cannot finish is refused
         ext = unfinished_extension(name)  # a stopped `extend`: its own Tune folder, its own trials
@@ -152,7 +167,7 @@ def _resume(name: str, state: dict, address: str | None, confirm: int | None, as
     note_space_edits(state)
     if ext is None and (unstarted := unstarted_extension(name)) is not None:  # its trials would vanish unsaid
         print(f"triaccel resume '{name}': note: the extend in {unstarted} stopped before its first trial "
-              f"started, and none of its trials will run: `triaccel extend {name} --trials N` adds them "
+              f"started, and none of its trials will run: `{again('extend', name, '--trials N')}` adds them "
               f"once this resume has finished the search", flush=True)
     print(f"triaccel resume '{name}': " + (f"restoring {folder}" if restore else
                                           "Tune saved no trial yet: starting the trials"), flush=True)

@@ -8,7 +8,7 @@ import os
 
 from triaccel.errors import (Interrupted, TriAccelError, disk_full, interrupted, stop_done, stop_on_ctrl_c,
                              stop_on_sigterm)
-from triaccel.search.state import close_running
+from triaccel.search.state import again, close_running
 
 
 # MLflow's client retries an unreachable server 7 times with a doubling back-off (about 4 minutes a call):
@@ -94,13 +94,13 @@ def interruptible(name: str, uri: str):
         gone = None if isinstance(e, TriAccelError) else server_gone(e, uri)  # a check's own line stays as it is
         if gone:  # the runs cannot be closed on a server that is down: resume closes and continues them
             raise TriAccelError(f"search '{name}' stopped: the MLflow server at {uri} stopped answering ({gone}); "
-                                f"start it again, then `triaccel resume {name}` continues the search") from None
+                                f"start it again, then `{again('resume', name)}` continues the search") from None
         full = disk_full(e)  # first: a full disk met while stopping is what to fix (and the store may be on it)
         if full is None and interrupted(e):  # Ctrl-C or SIGTERM that landed inside a library call, wrapped in its error
             _stopped(name, uri, "")
         if full is not None:
             raise TriAccelError(f"search '{name}' stopped: a disk it writes is full ({full}); free space, then "
-                                f"`triaccel resume {name}` continues it") from None
+                                f"`{again('resume', name)}` continues it") from None
         raise failed(name, uri, e) from None
     finally:
         stop_done()
@@ -121,11 +121,11 @@ def failed(name: str, uri: str, e: Exception) -> TriAccelError:
     text = str(cause or e).strip()
     why = text.splitlines()[0][:300] if text else type(e).__name__
     # the cause may be the user's code, failing the same way every time: resuming first is no use
-    return TriAccelError(f"search '{name}' stopped: {why}; once its cause is fixed, `triaccel resume {name}` "
+    return TriAccelError(f"search '{name}' stopped: {why}; once its cause is fixed, `{again('resume', name)}` "
                          f"continues it")
 
 
 def _stopped(name: str, uri: str, left: str) -> None:
     close_running(name, uri)
-    raise Interrupted(f"search '{name}' stopped before it finished{left}: `triaccel resume {name}` "
+    raise Interrupted(f"search '{name}' stopped before it finished{left}: `{again('resume', name)}` "
                       f"continues it") from None

@@ -36,6 +36,19 @@ def tune_root() -> Path:
     return p
 
 
+def again(verb: str, name: str, rest: str = "") -> str:
+    """``triaccel VERB NAME [REST]`` as the user types it where it is printed: with ``--storage`` where the
+    search's Tune folder is not this folder's default (mlruns/tune), a teammate's shared one, so that the
+    command runs as printed."""
+    import shlex
+
+    try:
+        flag = "" if tune_root() == Path("mlruns/tune").resolve() else f" --storage {shlex.quote(str(tune_root()))}"
+    except ConfigError:  # an unusable TRIACCEL_TUNE_DIR is said where it is read
+        flag = ""
+    return f"triaccel {verb} {name}{flag}" + (f" {rest}" if rest else "")
+
+
 def extension_folders(name: str) -> list[Path]:
     """The Tune folders of the search's ``triaccel extend`` runs, ``extend-<i>``, oldest first."""
     numbered = (p for p in (tune_root() / name).glob("extend-*") if p.name[len("extend-"):].isdigit())
@@ -137,7 +150,9 @@ def note_space_edits(state: dict) -> None:
     (the edits are not searched)."""
     import hashlib
 
-    src = Path(state["source"])
+    # the file's absolute path where the state records it: a resume from another folder (a teammate's, with
+    # --storage) read the typed relative path against its own folder and said a different file had changed
+    src = Path(state.get("source_path") or state["source"])
     try:
         now = hashlib.sha256(src.read_bytes()).hexdigest()
     except OSError:
@@ -199,6 +214,10 @@ def name_unused_in_store(name: str, uri: str, path: Path) -> None:
 
     c, exp = open_store(uri)
     if c.search_runs([exp], filter_string=f"tags.`{TAG_SEARCH}` = '{name}'", max_results=1):
+        # a search in this folder took the name since this one looked (it writes its state before its parent run)
+        if (path / STATE_FILE).exists():
+            raise ConfigError(f"search '{name}' already exists in {path} (started meanwhile by another "
+                              f"process): choose another --name")
         raise ConfigError(f"the MLflow store {uri} already holds runs of a search named '{name}' (from another Tune "
                           f"folder than {path.parent}, or one deleted): choose another --name")
 
@@ -223,22 +242,58 @@ def read_outcome(name: str, space: SearchSpace, uri: str):
     return o
 
 
-def parent_run(name: str, space: SearchSpace, uri: str, shared: int | None = None) -> str:
-    """The search's parent MLflow run, created once (by the baselines, or by the Tune callback
-    where there are none); ``shared``: trials sharing a device, recorded when it is created."""
+def _first_parent(c, exp, name: str):
+    """The search's parent run that holds its name: the earliest started (then the least run id), so that
+    two drivers that each made one agree on which holds it (``claim_name``)."""
+    from triaccel.search.tags import TAG_ROLE, TAG_SEARCH
+
+    found = c.search_runs([exp], filter_string=f"tags.`{TAG_SEARCH}` = '{name}' and tags.`{TAG_ROLE}` = 'parent'",
+                          max_results=100)
+    return min(found, key=lambda r: (r.info.start_time, r.info.run_id)) if found else None
+
+
+def _new_parent(c, exp, name: str, space: SearchSpace, shared: int | None) -> str:
     from triaccel.search.tags import TAG_ROLE, TAG_SEARCH
     from triaccel.tracking import git_revision, log_yaml_artifact
 
-    c, exp = open_store(uri)
-    found = c.search_runs([exp], filter_string=f"tags.`{TAG_SEARCH}` = '{name}' and tags.`{TAG_ROLE}` = 'parent'",
-                          max_results=1)
-    if found:
-        return found[0].info.run_id
     run = c.create_run(exp, run_name=name, tags={
         TAG_SEARCH: name, TAG_ROLE: "parent", "git_revision": git_revision(), "space_file": space.source,
         "space_sha256": space.sha256, "objective": space.objective, "shared_trials": str(shared or 1)})
     log_yaml_artifact(c, run.info.run_id, space.raw, "space.yaml")
     return run.info.run_id
+
+
+def parent_run(name: str, space: SearchSpace, uri: str, shared: int | None = None) -> str:
+    """The search's parent MLflow run: made by ``claim_name`` when the search starts (or here, for a search
+    saved before that); ``shared``: trials sharing a device, recorded when it is created."""
+    c, exp = open_store(uri)
+    first = _first_parent(c, exp, name)
+    return first.info.run_id if first is not None else _new_parent(c, exp, name, space, shared)
+
+
+def claim_name(name: str, space: SearchSpace, uri: str, path: Path, made: bool, shared: int) -> None:
+    """Take a new search's name in the store, where searches from other Tune folders (other users' machines)
+    meet: two started at once with one name each pass ``name_unused_in_store``, and each shared the other's
+    parent run. Each makes a parent run of its own; the earliest keeps the name, and a later one is refused
+    (ConfigError) with nothing left of it: its parent run moved off the name and deleted (not counted among
+    the other search's deleted runs), its Tune state removed (``path``, and the folder where ``made``)."""
+    from triaccel.search.tags import TAG_SEARCH
+
+    c, exp = open_store(uri)
+    mine = _new_parent(c, exp, name, space, shared)
+    first = _first_parent(c, exp, name)
+    if first is None or first.info.run_id == mine:
+        return
+    c.set_tag(mine, TAG_SEARCH, f"{name} (refused: name taken)")
+    c.delete_run(mine)
+    with contextlib.suppress(OSError):
+        (path / STATE_FILE).unlink(missing_ok=True)
+        if made:
+            (path / LOCK_FILE).unlink(missing_ok=True)  # held by this driver until it exits: an open file unlinked
+            path.rmdir()
+    raise ConfigError(f"the MLflow store {uri} took the name '{name}' for another search started at the same "
+                      f"moment (its parent run {first.info.run_id}, from another Tune folder than {path.parent}): "
+                      f"choose another --name")
 
 
 def search_finished(name: str, uri: str) -> bool | None:

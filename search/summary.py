@@ -66,7 +66,7 @@ def print_summary(name: str, space, uri: str, o, j):
     from triaccel.errors import TriAccelError
     from triaccel.search import baseline_cache, phases
     from triaccel.search.judge import final_pick, summary_lines
-    from triaccel.search.state import open_store
+    from triaccel.search.state import again, open_store
 
     print(f"\nsearch '{name}': {len(o.ranked)} finished ({len(o.feasible)} feasible), {len(o.stopped)} stopped early, "
           f"{len(o.failed)} failed, {o.trials} trials in MLflow")
@@ -87,5 +87,6 @@ def print_summary(name: str, space, uri: str, o, j):
     if p is not None and p.kind == "baseline":
         print(f"{p.reason}: `export` writes the static baseline {p.row['tags'].get('triaccel.baseline')}")
     print(phases.words(phases.read(*open_store(uri), name)))
-    print(f"export the best: triaccel export {name} --out tuned.yaml    browse: triaccel ui")
+    browse = uri if uri.startswith(("http://", "https://")) else "triaccel ui"  # a server: its own UI
+    print(f"export the best: {again('export', name, '--out tuned.yaml')}    browse: {browse}")
     return p

@@ -8,6 +8,7 @@ where it stopped. Inside a Tune function trainable only ``ray.tune.report`` and
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -146,6 +147,30 @@ def run_trial(config: dict, space_data: dict, shared: int, gpu_fraction: float, 
               margin: float = 0.0, factories: dict | None = None) -> None:
     """One trial: ``config`` holds Optuna's sample; the fixed settings come from the space.
     ``factories``: the model and data functions handed to triaccel.search from Python, by reference."""
+    from ray import tune
+
+    # Tune re-runs a failed trial once (tuner.TRIAL_RETRIES) for a worker or node that was lost; an error the
+    # trial raised itself (Diverged, the user's code) would only repeat, so a retry re-raises it at once
+    failed = Path(tune.get_context().get_trial_dir()) / FAILED_FILE
+    if failed.is_file():
+        raise TrialFailed(failed.read_text())
+    try:
+        _train_trial(config, space_data, shared, gpu_fraction, ref_curve, margin, factories)
+    except Exception as e:
+        with contextlib.suppress(OSError):
+            failed.write_text(f"{type(e).__name__}: {e}")
+        raise
+
+
+FAILED_FILE = "triaccel_failed.txt"  # in the trial's own folder on its node: the error it raised, for a retry
+
+
+class TrialFailed(RuntimeError):
+    """A retried trial's own error, raised again without training: the first attempt's line is its message."""
+
+
+def _train_trial(config: dict, space_data: dict, shared: int, gpu_fraction: float, ref_curve: list | None,
+                 margin: float, factories: dict | None) -> None:
     import torch
     from ray import tune
 

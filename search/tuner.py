@@ -11,7 +11,7 @@ from pathlib import Path
 from triaccel.errors import Interrupted, TriAccelError
 from triaccel.search.cluster import gpu_share, on_gpu
 from triaccel.search.space import NEAR, START, SearchSpace
-from triaccel.search.state import EXPERIMENT, extension_folders, tune_root
+from triaccel.search.state import EXPERIMENT, again, extension_folders, tune_root
 
 
 def _constrained_optuna():
@@ -198,7 +198,12 @@ def new_tuner(space: SearchSpace, name: str, uri: str, shared: int, ref_curve: l
             callbacks=[MLflowSearchCallback(uri, EXPERIMENT, name, space, shared, gpu_share(space, shared)),
                        ConsoleReporter(space.trials, epochs), JsonLoggerCallback(), CSVLoggerCallback()],
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-            failure_config=tune.FailureConfig(max_failures=0)))
+            failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES)))
+
+
+# A trial whose worker or node was lost (a node leaving a cluster, a killed process) runs again from its last
+# checkpoint, once; an error the trial raised itself fails it at once on its retry (trainable.run_trial)
+TRIAL_RETRIES = 1
 
 
 def restorable(name: str, space: SearchSpace) -> bool:
@@ -230,7 +235,7 @@ def check_readable(name: str, path: Path) -> None:
         json.loads(newest.read_text())
     except (OSError, ValueError) as e:
         raise TriAccelError(f"search '{name}': its Tune state {newest} cannot be read ({e}), so resume cannot "
-                            f"continue it; its finished trials stay in MLflow (`triaccel export {name}` ranks them): "
+                            f"continue it; its finished trials stay in MLflow (`{again('export', name)}` ranks them): "
                             f"start the search again under another name to run the rest") from None
 
 

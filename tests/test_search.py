@@ -79,6 +79,24 @@ def test_console_output_is_one_line_per_trial(searched):
     assert "Traceback" not in r.stderr and "Trials did not complete" not in r.stderr, r.stderr[-3000:]
 
 
+def test_resume_of_a_search_whose_cluster_is_gone_says_how_to_go_on_without_it(searched, tmp_path):
+    """The cluster a search started on (its recorded --address) is gone: resume said only 'cannot join a Ray
+    cluster there', where `--address local` continues it on this machine. Refused before anything is written."""
+    d, _ = searched
+    state = json.loads((d / "mlruns" / "tune" / "t1" / "triaccel_search.json").read_text())
+    port = free_port()
+    (tmp_path / "mlruns" / "tune" / "t1").mkdir(parents=True)
+    (tmp_path / "mlruns" / "tune" / "t1" / "triaccel_search.json").write_text(
+        json.dumps(dict(state, address=f"127.0.0.1:{port}")))
+    before = len(trial_runs(d, "t1")[1])
+    r = cli("resume", "t1", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"triaccel: error: --address 127.0.0.1:{port}: cannot join a Ray cluster there (nothing answers on "
+        f"127.0.0.1:{port}: Connection refused); the search started on that cluster: `triaccel resume t1 "
+        f"--address local` continues it on this machine, --address HOST:PORT on another cluster"], r.stderr
+    assert len(trial_runs(d, "t1")[1]) == before
+
+
 def test_every_metric_of_every_trial_arrives(searched):
     d, _ = searched
     c, runs = trial_runs(d, "t1")
@@ -119,8 +137,11 @@ def test_diverging_trial_fails_with_reason_and_search_goes_on(searched):
     assert huge and sane, "the seed should draw both lr choices"
     for r in huge:
         assert r.info.status == "FAILED"
-        assert "Diverged" in r.data.tags["failure_reason"]
-        assert (d / "mlruns" / "tune" / "t1" / r.data.tags["triaccel.trial_id"] / "error.txt").is_file()
+        assert r.data.tags["failure_reason"].startswith("Diverged"), r.data.tags["failure_reason"]
+        # run once more by Tune (a lost worker's retry), it raised its first error again without training
+        assert "TrialFailed: Diverged" in (d / "mlruns" / "tune" / "t1" / r.data.tags["triaccel.trial_id"] /
+                                           "error.txt").read_text()
+        assert "triaccel.worker_lost" not in r.data.tags
     assert all(r.info.status == "FINISHED" for r in sane)
 
 

@@ -208,6 +208,35 @@ def test_two_searches_of_one_name_at_once_run_one(tmp_path):
     assert not list((tmp_path / "mlruns" / "tune" / "same").glob(".*.tmp"))
 
 
+def test_two_searches_of_one_name_from_two_folders_on_one_store_run_one_the_earliest(tmp_path):
+    """A team's two drivers (two Tune folders, one MLflow server) started `search --name n` at once: both
+    passed the store's name check and shared one parent run, baselines and ranking. Each now makes its own
+    parent run and the earliest keeps the name: here b's, made before a's driver claims, so a is refused in
+    one line with nothing of it left (its state, its folder, its parent run, which b does not count as deleted)."""
+    from triaccel.errors import ConfigError
+    from triaccel.search.results import deleted_count
+    from triaccel.search.space import parse_space
+    from triaccel.search.state import _first_parent, _new_parent, claim_name, open_store, write_state
+
+    uri = f"sqlite:///{with_store(tmp_path)}/mlruns/mlflow.db"
+    space = parse_space(SPACE, source="space.yaml")
+    folders = {k: tmp_path / k / "tune" / "n" for k in "ab"}
+    for f in folders.values():
+        f.mkdir(parents=True)
+        write_state("n", f, {"name": "n"}, made=True)
+    c, exp = open_store(uri)
+    b_parent = _new_parent(c, exp, "n", space, 1)  # b's driver, a moment earlier
+    with pytest.raises(ConfigError, match=rf"^the MLflow store {uri} took the name 'n' for another search started at "
+                                          rf"the same moment \(its parent run {b_parent}, from another Tune folder "
+                                          rf"than {folders['a'].parent}\): choose another --name$"):
+        claim_name("n", space, uri, folders["a"], True, 1)
+    assert not folders["a"].exists() and (folders["b"] / "triaccel_search.json").is_file()
+    assert _first_parent(c, exp, "n").info.run_id == b_parent  # what b's own check finds: it runs
+    assert [r.info.run_id for r in runs(tmp_path, "n")[1]] == [b_parent] and deleted_count(c, exp, "n") == 0
+    claim_name("m", space, uri, folders["b"], False, 1)  # alone, a name is taken with its parent run
+    assert [r.data.tags["triaccel.role"] for r in runs(tmp_path, "m")[1]] == ["parent"]
+
+
 @pytest.mark.slow
 def test_a_lost_tune_state_or_store_is_said_not_merged_or_started_anew(tmp_path):
     """Two of a tester's finds, after one finished search: (1) with mlruns/tune/NAME deleted, a new search of
@@ -220,6 +249,7 @@ def test_a_lost_tune_state_or_store_is_said_not_merged_or_started_anew(tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     state = (tmp_path / "mlruns" / "tune" / "g" / "triaccel_search.json").read_text()
     assert f"sqlite:///{tmp_path}/mlruns/mlflow.db" in state  # recorded absolute, not against the current folder
+    assert json.loads(state)["source_path"] == str(tmp_path / "space.yaml")  # so is the space file
     shutil.rmtree(tmp_path / "mlruns" / "tune" / "g")
     _, before = runs(tmp_path, "g")
     r = cli("search", "--space", "space.yaml", "--name", "g", cwd=tmp_path)
@@ -392,6 +422,7 @@ def test_resume_keeps_the_options_the_search_was_started_with(tmp_path):
         r = cli("extend", "o", "--trials", "1", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith(
         "triaccel: error: search 'o' is being run by"), r.stderr[-2000:]
+    assert r.stderr.strip().endswith("then `triaccel extend o --trials N`"), r.stderr[-2000:]  # not resume: extend
     r = cli("extend", "o", "--trials", "1", cwd=tmp_path)
     assert r.returncode == 0 and "confirm " in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     assert sorted(x.info.status for x in runs(tmp_path, "o")[1] if x.data.tags["triaccel.role"] == "trial") == [
@@ -574,3 +605,39 @@ def test_an_extend_stopped_before_tune_saved_anything_is_found_for_resume_to_nam
     assert unstarted_extension("d") == tmp_path / "d" / "extend-10"  # by number: 10 is newer than 2
     (tmp_path / "d" / "extend-10" / "experiment_state-2026-12-05_05-00-00.json").write_text("{}")
     assert unstarted_extension("d") is None
+
+
+def test_resume_from_another_folder_compares_the_space_file_the_search_started_from(tmp_path, monkeypatch, capsys):
+    """A teammate's `resume NAME --storage ...` from their own folder read the typed relative path (space.yaml)
+    against that folder: a false 'has changed' note for their different file, and real edits to the search's
+    own file unsaid. The state records the file's absolute path."""
+    import hashlib
+
+    from triaccel.search.state import note_space_edits
+
+    a, b = tmp_path / "alice", tmp_path / "bob"
+    for d, seed in ((a, 0), (b, 7)):
+        d.mkdir()
+        (d / "space.yaml").write_text(yaml.safe_dump(dict(SPACE, seed=seed)))
+    state = {"source": "space.yaml", "source_path": str(a / "space.yaml"),
+             "sha256": hashlib.sha256((a / "space.yaml").read_bytes()).hexdigest()}
+    monkeypatch.chdir(b)
+    note_space_edits(state)
+    assert capsys.readouterr().err == ""
+    (a / "space.yaml").write_text((a / "space.yaml").read_text() + "# edited\n")
+    note_space_edits(state)
+    assert f"note: {a / 'space.yaml'} has changed since the search started" in capsys.readouterr().err
+
+
+def test_a_printed_command_names_the_storage_the_search_is_in(tmp_path, monkeypatch):
+    """A teammate's search in a shared folder (--storage): the lines it printed (`triaccel export NAME`, `triaccel
+    resume NAME`) ran against the teammate's own mlruns/tune and failed ('no search named ...')."""
+    from triaccel.search.state import again
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TRIACCEL_TUNE_DIR", raising=False)
+    assert again("resume", "x") == "triaccel resume x"
+    monkeypatch.setenv("TRIACCEL_TUNE_DIR", str(tmp_path / "team share"))  # what --storage sets
+    assert again("export", "x", "--out tuned.yaml") == f"triaccel export x --storage '{tmp_path}/team share' --out tuned.yaml"
+    monkeypatch.setenv("TRIACCEL_TUNE_DIR", "mlruns/tune")  # the default, spelled out: nothing to add
+    assert again("resume", "x") == "triaccel resume x"

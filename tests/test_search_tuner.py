@@ -27,9 +27,11 @@ def _training_workers(sid: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_a_killed_trial_worker_is_a_failed_trial_and_the_search_finishes(tmp_path):
-    """kill -9 of one trial's worker mid-search: that trial is FAILED in MLflow, the others run, the
-    search finishes (exit 0, parent FINISHED); nobody stopped it, so it is never 'interrupted' (130)."""
+def test_a_killed_trial_worker_runs_again_from_its_checkpoint_and_the_search_finishes(tmp_path):
+    """kill -9 of one trial's worker mid-search (a node leaving a cluster is the same loss) failed that trial for
+    good, and resume had nothing left to run. Tune now runs it again from its last checkpoint: every trial
+    FINISHED, each epoch logged once, the loss said and tagged; the search finishes (exit 0, parent FINISHED)
+    and, nobody having stopped it, is never 'interrupted' (130)."""
     with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
     space = dict(SPACE, trials=3, concurrency=1)
     space["train"] = dict(SPACE["train"], epochs=6)  # a trial trains for seconds: time to find and kill it
@@ -53,8 +55,11 @@ def test_a_killed_trial_worker_is_a_failed_trial_and_the_search_finishes(tmp_pat
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, out[-2000:] + err[-3000:]
     assert "interrupted" not in err
-    _, trials = runs(tmp_path, "k", role="trial")
-    assert sorted(t.info.status for t in trials) == ["FAILED", "FINISHED", "FINISHED"], [t.info.status for t in trials]
+    c, trials = runs(tmp_path, "k", role="trial")
+    assert sorted(t.info.status for t in trials) == ["FINISHED"] * 3, [t.info.status for t in trials]
+    (lost,) = [t for t in trials if "triaccel.worker_lost" in t.data.tags]
+    assert f"  trial {lost.data.tags['triaccel.trial_id']} lost its worker (" in out, out[-2000:]
+    assert sorted(m.step for m in c.get_metric_history(lost.info.run_id, "efficiency")) == list(range(1, 7))
     _, parents = runs(tmp_path, "k", role="parent")
     assert [p.info.status for p in parents] == ["FINISHED"]
 
