@@ -475,12 +475,14 @@ def resolve_space_path(path: str) -> Path:
         raise ConfigError(f"{path}: is a folder, not a space file")
     # a path with a folder names a file, never a shipped space: pathlib reads "./quickstart.yaml" as
     # "quickstart.yaml", which would run the shipped space for a user who means the file in this folder
-    if "/" in path or os.sep in path or is_link:  # a dangling link named so is the user's file too
-        raise ConfigError(f"{path}: no such space file")
     from importlib import resources
 
     name = p.name if p.suffix == ".yaml" else p.name + ".yaml"
     shipped = resources.files("triaccel.spaces") / name
+    if "/" in path or os.sep in path or is_link:  # a dangling link named so is the user's file too
+        # spaces/quickstart.yaml as README writes it, run outside a checkout: the shipped one has a name
+        hint = f" (the shipped space of that name: --space {p.stem})" if shipped.is_file() and not is_link else ""
+        raise ConfigError(f"{path}: no such space file{hint}")
     if shipped.is_file():
         return Path(str(shipped))
     raise ConfigError(f"{path}: no such space file (shipped: {', '.join(shipped_spaces())})")

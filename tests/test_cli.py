@@ -207,8 +207,12 @@ def test_a_space_path_in_a_missing_folder_never_runs_a_shipped_space(tmp_path, c
     only a bare name finds a shipped space."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TRIACCEL_TUNE_DIR", str(tmp_path / "tune"))
-    for path in ("nodir/quickstart.yaml", "./quickstart.yaml", str(tmp_path / "quickstart.yaml")):
-        _one_line(capsys, ["search", "--space", path, "--name", "q"], f"{path}: no such space file")
+    for path in ("nodir/quickstart.yaml", "./quickstart.yaml", str(tmp_path / "quickstart.yaml"),
+                 "spaces/quickstart.yaml"):  # README's line outside a checkout: the hint names the shipped one
+        line = _one_line(capsys, ["search", "--space", path, "--name", "q"], f"{path}: no such space file")
+        assert line.endswith(f"{path}: no such space file (the shipped space of that name: --space quickstart)")
+    line = _one_line(capsys, ["search", "--space", "spaces/nosuch.yaml", "--name", "q"], "no such space file")
+    assert line.endswith("spaces/nosuch.yaml: no such space file")  # no shipped space of that name: no hint
     assert not list(tmp_path.iterdir())  # no store, no search state, no name taken
     from triaccel.search.space import resolve_space_path
 
