@@ -88,6 +88,8 @@ def test_run_baselines_stops_a_dominated_one_and_keeps_it_out_of_the_reference(t
     rows = {r["tags"]["triaccel.baseline"]: r for r in trial_table(c, exp, "d", role="baseline")}
     best, big = rows["amp-bf16-B64"], rows["amp-bf16-B2048"]
     assert big["status"] == "FINISHED" and int(big["metrics"]["epoch"]) == 2
+    for key in ("val_acc", "efficiency", "epoch"):  # each epoch once: the summary logged val_acc again at the last
+        assert sorted(m.step for m in c.get_metric_history(best["run_id"], key)) == [1, 2, 3, 4], key
     bound = dominated_bound(big["metrics"]["epoch_time_last5_s"], big["metrics"]["peak_mem_gib"])
     assert bound < best["metrics"]["efficiency"]
     assert big["tags"][TAG_DOMINATED] == f"at most {bound:.2f}, below amp-bf16-B64's {best['metrics']['efficiency']:.2f}"
