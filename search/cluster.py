@@ -57,6 +57,24 @@ def check_resources(space: SearchSpace, address: str | None) -> None:
                           f"{gpus} GPUs: no trial could start")
 
 
+def check_driver_device(space: SearchSpace, address: str | None, runtime_env: dict | None = None) -> None:
+    """A search at ``address`` from a machine with no GPU, on a cluster with GPUs, is refused before anything
+    is written or trained: its baselines and confirm runs train in this process, on this machine's CPU, and
+    its trials would ask for no GPU (``on_gpu`` is this machine's answer), so the whole search would run on
+    CPUs beside idle GPUs. Joins the cluster to ask it (``init_ray``; later calls find it joined)."""
+    if address in (None, "", "local") or str(space.train.get("device", "auto")).strip().lower() == "cpu" \
+            or gpu_count() > 0:
+        return
+    import ray
+
+    init_ray(address, runtime_env=runtime_env)
+    gpus = float(ray.cluster_resources().get("GPU", 0))
+    if gpus > 0:
+        raise ConfigError(f"--address {address}: the cluster has {gpus:g} GPU{'s' * (gpus != 1)} and this machine none; a search's "
+                          f"baselines and confirm runs train on the machine that runs it: run the search on a "
+                          f"node with a GPU (or set train.device: cpu to search on CPUs)")
+
+
 def check_address(address: str | None) -> None:
     """Fail in seconds where nothing answers at ``--address HOST:PORT`` (or ``ray://HOST:PORT``):
     ``ray.init`` retries such an address for minutes. Ray reaches a loopback host through this

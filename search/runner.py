@@ -12,7 +12,8 @@ from pathlib import Path
 from triaccel.errors import ConfigError, TriAccelError, check_stop
 from triaccel.search import phases
 from triaccel.search.alone import check_confirm, confirm_top, default_confirm, run_baselines
-from triaccel.search.cluster import check_address, check_resources, init_ray, on_gpu, shared_trials
+from triaccel.search.cluster import (check_address, check_driver_device, check_resources, init_ray, on_gpu,
+                                    shared_trials)
 from triaccel.search.lock import driver_lock
 from triaccel.search.signals import bounded_http_retries, interruptible, own_signals
 from triaccel.search.space import CONTROLLER_DEFAULTS, MAX_TRIALS, SearchSpace, load_space
@@ -59,6 +60,7 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     from triaccel.userref import check_user_code
 
     runtime_env, callables = check_user_code(space)  # a bad model or data reference: before anything is written
+    check_driver_device(space, address, runtime_env)
     path = tune_root() / name
     if (path / STATE_FILE).exists():
         raise ConfigError(f"search '{name}' already exists in {path}: `{again('resume', name)}` continues it, "
@@ -121,7 +123,8 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
 
 def check_cluster(name: str, address: str | None, state: dict, verb: str = "resume", rest: str = "") -> None:
     """``--address``, else the cluster the search recorded, answers (``check_address``); where the recorded
-    one is gone, the error says how to go on without it."""
+    one is gone, the error says how to go on without it; a GPU cluster joined from a machine with none is
+    refused (``check_driver_device``)."""
     try:
         check_address(address or state.get("address"))
     except TriAccelError as e:
@@ -130,6 +133,7 @@ def check_cluster(name: str, address: str | None, state: dict, verb: str = "resu
         how = again(verb, name, f"{rest} --address local".strip())
         raise type(e)(f"{e}; the search started on that cluster: `{how}` continues it on this machine, "
                       f"--address HOST:PORT on another cluster") from None
+    check_driver_device(saved_space(state), address or state.get("address"), state.get("runtime_env"))
 
 
 def _resume(name: str, state: dict, address: str | None, confirm: int | None, asked: int | None = None) -> dict:

@@ -578,7 +578,10 @@ def test_address_joins_an_existing_cluster_and_a_plain_search_stays_local(tmp_pa
     env = {k: v for k, v in child_env().items() if not k.startswith("RAY_AUTH")}  # the cluster's workers inherit it
     # a token on the machine (any earlier local ray.init writes one): `ray start` then turns token auth on
     subprocess.run([*ray_cmd, "get-auth-token", "--generate"], capture_output=True, timeout=600, env=env)
-    r = subprocess.run([*ray_cmd, "start", "--head", "--port=6391", "--num-cpus=2", "--include-dashboard=false"],
+    # one GPU declared (Ray takes a node's word for it): a search that would train on it is refused from this
+    # GPU-less machine; the CPU space's trials ask for none
+    r = subprocess.run([*ray_cmd, "start", "--head", "--port=6391", "--num-cpus=2", "--num-gpus=1",
+                        "--include-dashboard=false"],
                        capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     printed = re.search(r"--address='([^']+)'", r.stdout + r.stderr)  # what `ray start` tells the user to use
@@ -592,6 +595,18 @@ def test_address_joins_an_existing_cluster_and_a_plain_search_stays_local(tmp_pa
         assert r.returncode == 0, r.stderr[-3000:]
         _, runs = trial_runs(tmp_path, "joined")
         assert len(runs) == 1 and runs[0].info.status == "FINISHED", ([x.info.status for x in runs], r.stdout[-2000:])
+        # the same space on the device it finds (auto), from a machine with no GPU: its baselines would train on
+        # this machine's CPU and its trials ask for no GPU, beside the cluster's; refused before anything is written
+        import torch
+
+        if not torch.cuda.is_available():
+            (tmp_path / "gpu.yaml").write_text(yaml.safe_dump(dict(space, train=dict(space["train"], device="auto"))))
+            r = cli("search", "--space", "gpu.yaml", "--name", "gpu", "--address", printed.group(1), cwd=tmp_path)
+            assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
+                f"triaccel: error: --address {printed.group(1)}: the cluster has 1 GPU and this machine none; a "
+                f"search's baselines and confirm runs train on the machine that runs it: run the search on a node "
+                f"with a GPU (or set train.device: cpu to search on CPUs)"), r.stderr[-2000:]
+            assert not (tmp_path / "mlruns" / "tune" / "gpu").exists()
         # the loopback form (the other one case 14 reported) and auto join the same cluster, and no
         # --address starts a Ray of its own beside it: the steps a search takes to reach Ray, each in a
         # process of its own as a search's driver (a whole search per form added minutes, not coverage)
