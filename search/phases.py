@@ -55,5 +55,5 @@ def read(c, exp: str, name: str) -> dict:
 
 def words(by_phase: dict) -> str:
     total = sum(by_phase.values())
-    return (f"time by phase (wall seconds holding the device): " +
+    return ("time by phase (wall seconds holding the device): " +
             ", ".join(f"{p} {s:.0f} s" for p, s in by_phase.items()) + f"; {total:.0f} s in all")
