@@ -75,6 +75,52 @@ def check_driver_device(space: SearchSpace, address: str | None, runtime_env: di
                           f"node with a GPU (or set train.device: cpu to search on CPUs)")
 
 
+REACH_WAIT_S = 120  # how long each node has to answer (a new worker process on a loaded node takes seconds)
+
+
+def check_nodes_reach(folder: Path, address: str | None) -> None:
+    """On a joined cluster, every node reaches the search's Tune folder at the same path: the nodes write the
+    trials' checkpoints there, and a node that cannot fails each trial it runs at its first epoch's end, after
+    the baselines have trained. One Ray task per live node (asking for no CPU: a busy node answers too) reads a
+    marker this process has just written there; a node that reads nothing else is named, and one that does not
+    answer in ``REACH_WAIT_S`` is not judged. Joins the cluster (``init_ray``) where not joined yet."""
+    if address in (None, "", "local"):
+        return  # a local Ray's nodes are this machine
+    import secrets
+
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote(num_cpus=0, max_retries=0)
+    def read(path: str) -> str:
+        try:
+            return Path(path).read_text()
+        except OSError as e:
+            return f"({e.strerror or type(e).__name__})"
+
+    token = secrets.token_hex(8)
+    marker = folder / ".triaccel_reach"
+    marker.write_text(token)
+    try:
+        refs = {read.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
+            str(marker)): n for n in ray.nodes() if n.get("Alive")}
+        done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=REACH_WAIT_S)
+        bad = []
+        for ref in done:
+            with contextlib.suppress(Exception):  # a node lost meanwhile: not judged
+                if (got := ray.get(ref)) != token:
+                    n = refs[ref]
+                    bad.append(f"{n['NodeManagerAddress']} (node {n['NodeID'][:12]}: "
+                               f"{got if got.startswith('(') else '(another file)'})")
+    finally:
+        marker.unlink(missing_ok=True)
+    if bad:
+        raise ConfigError(f"{folder}: the search's Tune folder is not reachable at that path from Ray node"
+                          f"{'s' * (len(bad) > 1)} {', '.join(bad)}; every node writes trials' checkpoints there: "
+                          f"give the search a folder every node reaches at the same path (--storage on a shared "
+                          f"disk)")
+
+
 def check_address(address: str | None) -> None:
     """Fail in seconds where nothing answers at ``--address HOST:PORT`` (or ``ray://HOST:PORT``):
     ``ray.init`` retries such an address for minutes. Ray reaches a loopback host through this

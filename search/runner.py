@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import datetime
 import os
+import shutil
 import sys
 from pathlib import Path
 
 from triaccel.errors import ConfigError, TriAccelError, check_stop
 from triaccel.search import phases
 from triaccel.search.alone import check_confirm, confirm_top, default_confirm, run_baselines
-from triaccel.search.cluster import (check_address, check_driver_device, check_resources, init_ray, on_gpu,
-                                    shared_trials)
+from triaccel.search.cluster import (check_address, check_driver_device, check_nodes_reach, check_resources, init_ray,
+                                    on_gpu, shared_trials)
 from triaccel.search.lock import driver_lock
 from triaccel.search.signals import bounded_http_retries, interruptible, own_signals
 from triaccel.search.space import CONTROLLER_DEFAULTS, MAX_TRIALS, SearchSpace, load_space
@@ -74,6 +75,14 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     except OSError as e:
         raise ConfigError(f"{path}: cannot write the search's state there ({e.strerror or e}; "
                           f"TRIACCEL_TUNE_DIR chooses another folder)") from None
+    if address:  # before anything is written or trained: every node of the cluster reaches the Tune folder
+        init_ray(address, runtime_env=runtime_env)
+        try:
+            check_nodes_reach(path, address)
+        except ConfigError:
+            if made:
+                shutil.rmtree(path, ignore_errors=True)
+            raise
     # before the state is written: a resume that finds the state finds the lock held
     with driver_lock(name, path, "search", refused=f"search '{name}' already exists in {path} (started meanwhile "
                                                    f"by another process): choose another --name"):
@@ -124,7 +133,8 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
 def check_cluster(name: str, address: str | None, state: dict, verb: str = "resume", rest: str = "") -> None:
     """``--address``, else the cluster the search recorded, answers (``check_address``); where the recorded
     one is gone, the error says how to go on without it; a GPU cluster joined from a machine with none is
-    refused (``check_driver_device``)."""
+    refused (``check_driver_device``), as is one with a node that cannot reach the Tune folder
+    (``check_nodes_reach``)."""
     try:
         check_address(address or state.get("address"))
     except TriAccelError as e:
@@ -134,6 +144,9 @@ def check_cluster(name: str, address: str | None, state: dict, verb: str = "resu
         raise type(e)(f"{e}; the search started on that cluster: `{how}` continues it on this machine, "
                       f"--address HOST:PORT on another cluster") from None
     check_driver_device(saved_space(state), address or state.get("address"), state.get("runtime_env"))
+    if address or state.get("address"):
+        init_ray(address or state.get("address"), runtime_env=state.get("runtime_env"))
+        check_nodes_reach(tune_root() / name, address or state.get("address"))
 
 
 def _resume(name: str, state: dict, address: str | None, confirm: int | None, asked: int | None = None) -> dict:

@@ -487,16 +487,19 @@ class TwoNodeCluster:
         self.env = {k: v for k, v in child_env().items() if not k.startswith("RAY_AUTH")}  # its workers inherit it
         self.groups: list[int] = []
 
-    def _ray(self, *args, timeout=180):
-        # its own process group, which the daemons it leaves behind keep: stop() ends them by it
-        p = subprocess.Popen([*_ray_cmd(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    def _ray(self, *args, timeout=180, hide: Path | None = None):
+        # its own process group, which the daemons it leaves behind keep: stop() ends them by it. ``hide``: the
+        # node's processes run in a mount namespace of their own, an empty tmpfs over that folder (a node whose
+        # disk lacks a folder the others share)
+        wrap = ["unshare", "-m", "sh", "-c", 'mount -t tmpfs tmpfs "$0" && exec "$@"', str(hide)] if hide else []
+        p = subprocess.Popen([*wrap, *_ray_cmd(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=self.env, start_new_session=True)
         self.groups.append(p.pid)
         out, err = p.communicate(timeout=timeout)
         assert p.returncode == 0, (args, out[-2000:], err[-3000:])
         return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
-    def start(self):
+    def start(self, hide: Path | None = None):
         # a token on the machine (any earlier local ray.init writes one): `ray start` then turns token auth
         # on, as it will for a user, and the search joins through it
         subprocess.run([*_ray_cmd(), "get-auth-token", "--generate"], capture_output=True, timeout=120, env=self.env)
@@ -508,7 +511,7 @@ class TwoNodeCluster:
         if (Path.home() / ".ray" / "auth_token").is_file():
             self.env["RAY_AUTH_MODE"] = "token"  # the head turned token auth on: a joining node sends the token
         self._ray("start", f"--address={self.address}", "--num-cpus=1", "--resources={\"node_b\": 1}",
-                  f"--temp-dir={self.temp}", "--disable-usage-stats")
+                  f"--temp-dir={self.temp}", "--disable-usage-stats", hide=hide)
 
     def nodes(self) -> dict:
         """{node id: its resources} of the live nodes, as Ray's GCS lists them."""
@@ -536,6 +539,42 @@ def two_nodes():
         yield cluster
     finally:
         cluster.stop()
+
+
+def _can_hide() -> bool:
+    """Whether this machine lets a process mount a folder of its own (``unshare -m``: CAP_SYS_ADMIN)."""
+    if not shutil.which("unshare"):
+        return False
+    with tempfile.TemporaryDirectory() as d:
+        r = subprocess.run(["unshare", "-m", "mount", "-t", "tmpfs", "tmpfs", d], capture_output=True, timeout=60)
+    return r.returncode == 0
+
+
+@pytest.mark.ray_cluster
+def test_a_node_that_cannot_reach_the_tune_folder_is_refused_before_the_baselines(tmp_path):
+    """A cluster node without the folder the others share (its own disk there) failed every trial it ran at
+    its first epoch's end, after the baselines had trained. Now the search is refused before anything is
+    written or trained, naming the node; the nodes that do reach the folder pass the same check in the
+    two-node test below."""
+    if not _can_hide():
+        pytest.skip("this machine does not let a process mount a folder of its own (unshare -m)")
+    (tmp_path / "mlruns").mkdir()
+    cluster = TwoNodeCluster()
+    try:
+        cluster.start(hide=tmp_path / "mlruns")
+        node_b = next(i for i, res in cluster.nodes().items() if "node_b" in res)
+        (tmp_path / "space.yaml").write_text(yaml.safe_dump(dict(DIGITS_SPACE, trials=1)))  # a baseline first
+        r = cli("search", "--space", "space.yaml", "--name", "far", "--address", cluster.address, cwd=tmp_path,
+                env=env_for(None))
+    finally:
+        cluster.stop()
+    last = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
+    folder = tmp_path / "mlruns" / "tune" / "far"
+    assert r.returncode == 2 and last.startswith(
+        f"triaccel: error: {folder}: the search's Tune folder is not reachable at that path from Ray node ") \
+        and f"(node {node_b[:12]}: (No such file or directory))" in last, (r.stdout[-2000:], r.stderr[-3000:])
+    assert last.count("(node ") == 1 and last.endswith("(--storage on a shared disk)"), last  # node_a reaches it
+    assert not folder.exists() and not runs_of(f"sqlite:///{tmp_path}/mlruns/mlflow.db", "far")[1]
 
 
 @pytest.mark.ray_cluster
