@@ -75,7 +75,7 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     except OSError as e:
         raise ConfigError(f"{path}: cannot write the search's state there ({e.strerror or e}; "
                           f"TRIACCEL_TUNE_DIR chooses another folder)") from None
-    if address:  # before anything is written or trained: every node of the cluster reaches the Tune folder
+    if address and address != "local":  # before anything is written or trained: every node reaches the Tune folder
         init_ray(address, runtime_env=runtime_env)
         try:
             check_nodes_reach(path, address)
@@ -143,10 +143,11 @@ def check_cluster(name: str, address: str | None, state: dict, verb: str = "resu
         how = again(verb, name, f"{rest} --address local".strip())
         raise type(e)(f"{e}; the search started on that cluster: `{how}` continues it on this machine, "
                       f"--address HOST:PORT on another cluster") from None
-    check_driver_device(saved_space(state), address or state.get("address"), state.get("runtime_env"))
-    if address or state.get("address"):
-        init_ray(address or state.get("address"), runtime_env=state.get("runtime_env"))
-        check_nodes_reach(tune_root() / name, address or state.get("address"))
+    joined = address or state.get("address")
+    check_driver_device(saved_space(state), joined, state.get("runtime_env"))
+    if joined and joined != "local":
+        init_ray(joined, runtime_env=state.get("runtime_env"))
+        check_nodes_reach(tune_root() / name, joined)
 
 
 def _resume(name: str, state: dict, address: str | None, confirm: int | None, asked: int | None = None) -> dict:
