@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 from pathlib import Path
 
 from triaccel.errors import ConfigError, TriAccelError
@@ -76,14 +77,17 @@ def check_driver_device(space: SearchSpace, address: str | None, runtime_env: di
 
 
 REACH_WAIT_S = 120  # how long each node has to answer (a new worker process on a loaded node takes seconds)
+REACH_SAY_S = 10  # a wait longer than this is said (a node that died but is still listed answers never)
 
 
-def check_nodes_reach(folder: Path, address: str | None) -> None:
-    """On a joined cluster, every node reaches the search's Tune folder at the same path: the nodes write the
-    trials' checkpoints there, and a node that cannot fails each trial it runs at its first epoch's end, after
-    the baselines have trained. One Ray task per live node (asking for no CPU: a busy node answers too) reads a
-    marker this process has just written there; a node that reads nothing else is named, and one that does not
-    answer in ``REACH_WAIT_S`` is not judged. Joins the cluster (``init_ray``) where not joined yet."""
+def check_nodes_reach(folder: Path, address: str | None, fix: str) -> None:
+    """On a joined cluster, every node reaches the Tune folder ``folder`` at the same path, and can write
+    there: the nodes write the trials' checkpoints there, and a node that cannot fails each trial it runs at
+    its first epoch's end, after the baselines have trained. One Ray task per live node (asking for no CPU:
+    a busy node answers too) reads a marker this process has just written there, and writes and removes a
+    file of its own; a node that cannot is named, ``fix`` says what to do, and a node that does not answer
+    in ``REACH_WAIT_S`` is not judged. The names carry a fresh token, so that checks of two drivers at once
+    never meet. Joins the cluster (``init_ray``) where not joined yet."""
     if address in (None, "", "local"):
         return  # a local Ray's nodes are this machine
     import secrets
@@ -92,33 +96,41 @@ def check_nodes_reach(folder: Path, address: str | None) -> None:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     @ray.remote(num_cpus=0, max_retries=0)
-    def read(path: str) -> str:
+    def reach(marker: str, token: str, own: str) -> str:
         try:
-            return Path(path).read_text()
+            if Path(marker).read_text() != token:
+                return "(another file)"
+            Path(own).write_text(token)
+            Path(own).unlink()
+            return token
         except OSError as e:
             return f"({e.strerror or type(e).__name__})"
 
     token = secrets.token_hex(8)
-    marker = folder / ".triaccel_reach"
+    marker = folder / f".triaccel_reach-{token}"
+    folder.mkdir(parents=True, exist_ok=True)  # another driver of this name, refused, may have removed it
     marker.write_text(token)
     try:
-        refs = {read.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
-            str(marker)): n for n in ray.nodes() if n.get("Alive")}
-        done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=REACH_WAIT_S)
+        refs = {reach.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
+            str(marker), token, str(folder / f".triaccel_reach-{token}-{n['NodeID'][:12]}")): n
+            for n in ray.nodes() if n.get("Alive")}
+        done, left = ray.wait(list(refs), num_returns=len(refs), timeout=REACH_SAY_S)
+        if left:
+            print(f"triaccel: waiting up to {REACH_WAIT_S} s for {len(left)} of the cluster's {len(refs)} nodes to "
+                  f"say whether they reach {folder}", file=sys.stderr, flush=True)
+            done, left = ray.wait(list(refs), num_returns=len(refs), timeout=REACH_WAIT_S - REACH_SAY_S)
         bad = []
         for ref in done:
             with contextlib.suppress(Exception):  # a node lost meanwhile: not judged
                 if (got := ray.get(ref)) != token:
                     n = refs[ref]
-                    bad.append(f"{n['NodeManagerAddress']} (node {n['NodeID'][:12]}: "
-                               f"{got if got.startswith('(') else '(another file)'})")
+                    bad.append(f"{n['NodeManagerAddress']} (node {n['NodeID'][:12]}: {got})")
     finally:
         marker.unlink(missing_ok=True)
     if bad:
-        raise ConfigError(f"{folder}: the search's Tune folder is not reachable at that path from Ray node"
+        raise ConfigError(f"{folder}: the search's Tune folder cannot be used at that path from Ray node"
                           f"{'s' * (len(bad) > 1)} {', '.join(bad)}; every node writes trials' checkpoints there: "
-                          f"give the search a folder every node reaches at the same path (--storage on a shared "
-                          f"disk)")
+                          f"{fix}")
 
 
 def check_address(address: str | None) -> None:

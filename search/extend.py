@@ -84,7 +84,7 @@ def _extend(name: str, state: dict, trials: int, address: str | None, confirm: i
     from triaccel.search.alone import default_confirm, run_baselines
     from triaccel.search.cluster import init_ray, on_gpu
     from triaccel.search.results import trial_table
-    from triaccel.search.runner import check_cluster, finish
+    from triaccel.search.runner import check_cluster, finish, reach_search_folder
     from triaccel.search.signals import bounded_http_retries, interruptible, own_signals
     from triaccel.search.state import next_extension_folder, open_store, saved_space
     from triaccel.search.tuner import left_to_run, new_searcher, new_tuner, quiet_tune_failures
@@ -94,6 +94,7 @@ def _extend(name: str, state: dict, trials: int, address: str | None, confirm: i
     bounded_http_retries()
     uri = check_can_extend(name, trials, state)
     check_cluster(name, address, state, "extend", f"--trials {trials}")
+    reach_search_folder(name, address, state, "extend", f"--trials {trials}")
     c, exp = open_store(uri)
     rows = trial_table(c, exp, name)
     seeds = earlier_trials(rows, space)

@@ -4,9 +4,9 @@ cluster (Ray), tuner (Optuna in Tune), state (saved state and store), signals (h
 alone (baselines, confirm runs), summary (the console), export, listing."""
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -66,6 +66,9 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     if (path / STATE_FILE).exists():
         raise ConfigError(f"search '{name}' already exists in {path}: `{again('resume', name)}` continues it, "
                           f"or choose another --name")
+    if address and address != "local":  # every node reaches the Tune folder: before anything is written or trained
+        init_ray(address, runtime_env=runtime_env)
+        reach_new_folder(path, address)
     bounded_http_retries()
     uri = usable_store()  # before the search takes its name: an unusable store must leave nothing behind
     name_unused_in_store(name, uri, path)
@@ -75,18 +78,28 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     except OSError as e:
         raise ConfigError(f"{path}: cannot write the search's state there ({e.strerror or e}; "
                           f"TRIACCEL_TUNE_DIR chooses another folder)") from None
-    if address and address != "local":  # before anything is written or trained: every node reaches the Tune folder
-        init_ray(address, runtime_env=runtime_env)
-        try:
-            check_nodes_reach(path, address)
-        except ConfigError:
-            if made:
-                shutil.rmtree(path, ignore_errors=True)
-            raise
     # before the state is written: a resume that finds the state finds the lock held
     with driver_lock(name, path, "search", refused=f"search '{name}' already exists in {path} (started meanwhile "
                                                    f"by another process): choose another --name"):
         return _claim_and_run(name, space, uri, path, made, address, confirm, fresh_baselines, runtime_env, callables)
+
+
+def reach_new_folder(path: Path, address: str) -> None:
+    """``check_nodes_reach`` for a new search's Tune folder, made for the check; a search refused (or stopped)
+    there leaves no folder the check made, the folders above it included."""
+    made = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return  # the search's own mkdir says why, in its words
+    try:
+        check_nodes_reach(path, address, "give the search a folder every node reaches at the same path (--storage "
+                                         "on a shared disk)")
+    except BaseException:
+        for p in made:
+            with contextlib.suppress(OSError):  # one another driver of that name has written into: kept
+                p.rmdir()
+        raise
 
 
 def _claim_and_run(name: str, space: SearchSpace, uri: str, path: Path, made: bool, address: str | None,
@@ -133,8 +146,7 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
 def check_cluster(name: str, address: str | None, state: dict, verb: str = "resume", rest: str = "") -> None:
     """``--address``, else the cluster the search recorded, answers (``check_address``); where the recorded
     one is gone, the error says how to go on without it; a GPU cluster joined from a machine with none is
-    refused (``check_driver_device``), as is one with a node that cannot reach the Tune folder
-    (``check_nodes_reach``)."""
+    refused (``check_driver_device``)."""
     try:
         check_address(address or state.get("address"))
     except TriAccelError as e:
@@ -143,11 +155,17 @@ def check_cluster(name: str, address: str | None, state: dict, verb: str = "resu
         how = again(verb, name, f"{rest} --address local".strip())
         raise type(e)(f"{e}; the search started on that cluster: `{how}` continues it on this machine, "
                       f"--address HOST:PORT on another cluster") from None
+    check_driver_device(saved_space(state), address or state.get("address"), state.get("runtime_env"))
+
+
+def reach_search_folder(name: str, address: str | None, state: dict, verb: str, rest: str = "") -> None:
+    """``check_nodes_reach`` for a search that continues (resume, extend) on the cluster it joins."""
     joined = address or state.get("address")
-    check_driver_device(saved_space(state), joined, state.get("runtime_env"))
     if joined and joined != "local":
         init_ray(joined, runtime_env=state.get("runtime_env"))
-        check_nodes_reach(tune_root() / name, joined)
+        check_nodes_reach(tune_root() / name, joined, f"make it reach them there (a shared disk), or "
+                                                      f"`{again(verb, name, f'{rest} --address local'.strip())}` "
+                                                      f"continues the search on this machine")
 
 
 def _resume(name: str, state: dict, address: str | None, confirm: int | None, asked: int | None = None) -> dict:
@@ -182,6 +200,7 @@ def _resume(name: str, state: dict, address: str | None, confirm: int | None, as
         close_running(name, uri)  # what a killed driver left RUNNING: nothing continues it now
         raise
     folder, planned = ext or (tune_root() / name, space.trials)
+    reach_search_folder(name, address, state, "resume")  # what is left to run runs on the cluster's nodes
     note_space_edits(state)
     if ext is None and (unstarted := unstarted_extension(name)) is not None:  # its trials would vanish unsaid
         print(f"triaccel resume '{name}': note: the extend in {unstarted} stopped before its first trial "

@@ -487,11 +487,14 @@ class TwoNodeCluster:
         self.env = {k: v for k, v in child_env().items() if not k.startswith("RAY_AUTH")}  # its workers inherit it
         self.groups: list[int] = []
 
-    def _ray(self, *args, timeout=180, hide: Path | None = None):
+    def _ray(self, *args, timeout=180, hide: Path | None = None, read_only: Path | None = None):
         # its own process group, which the daemons it leaves behind keep: stop() ends them by it. ``hide``: the
         # node's processes run in a mount namespace of their own, an empty tmpfs over that folder (a node whose
-        # disk lacks a folder the others share)
-        wrap = ["unshare", "-m", "sh", "-c", 'mount -t tmpfs tmpfs "$0" && exec "$@"', str(hide)] if hide else []
+        # disk lacks a folder the others share); ``read_only``: that folder bound read-only there
+        wrap = []
+        if hide or read_only:
+            mount = ('mount -t tmpfs tmpfs "$0"' if hide else 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0"')
+            wrap = ["unshare", "-m", "sh", "-c", f'{mount} && exec "$@"', str(hide or read_only)]
         p = subprocess.Popen([*wrap, *_ray_cmd(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=self.env, start_new_session=True)
         self.groups.append(p.pid)
@@ -499,7 +502,8 @@ class TwoNodeCluster:
         assert p.returncode == 0, (args, out[-2000:], err[-3000:])
         return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
-    def start(self, hide: Path | None = None):
+    def start(self, hide: Path | None = None, read_only: Path | None = None):
+        """``hide``: node_b without that folder; ``read_only``: a third node, node_c, that has it read-only."""
         # a token on the machine (any earlier local ray.init writes one): `ray start` then turns token auth
         # on, as it will for a user, and the search joins through it
         subprocess.run([*_ray_cmd(), "get-auth-token", "--generate"], capture_output=True, timeout=120, env=self.env)
@@ -512,6 +516,9 @@ class TwoNodeCluster:
             self.env["RAY_AUTH_MODE"] = "token"  # the head turned token auth on: a joining node sends the token
         self._ray("start", f"--address={self.address}", "--num-cpus=1", "--resources={\"node_b\": 1}",
                   f"--temp-dir={self.temp}", "--disable-usage-stats", hide=hide)
+        if read_only:
+            self._ray("start", f"--address={self.address}", "--num-cpus=1", "--resources={\"node_c\": 1}",
+                      f"--temp-dir={self.temp}", "--disable-usage-stats", read_only=read_only)
 
     def nodes(self) -> dict:
         """{node id: its resources} of the live nodes, as Ray's GCS lists them."""
@@ -553,28 +560,30 @@ def _can_hide() -> bool:
 @pytest.mark.ray_cluster
 def test_a_node_that_cannot_reach_the_tune_folder_is_refused_before_the_baselines(tmp_path):
     """A cluster node without the folder the others share (its own disk there) failed every trial it ran at
-    its first epoch's end, after the baselines had trained. Now the search is refused before anything is
-    written or trained, naming the node; the nodes that do reach the folder pass the same check in the
-    two-node test below."""
+    its first epoch's end, after the baselines had trained; so did one that has it read-only. Now the search
+    is refused before anything is written or trained, naming both nodes; the nodes that do reach the folder
+    pass the same check in the two-node test below."""
     if not _can_hide():
         pytest.skip("this machine does not let a process mount a folder of its own (unshare -m)")
     (tmp_path / "mlruns").mkdir()
     cluster = TwoNodeCluster()
     try:
-        cluster.start(hide=tmp_path / "mlruns")
-        node_b = next(i for i, res in cluster.nodes().items() if "node_b" in res)
+        cluster.start(hide=tmp_path / "mlruns", read_only=tmp_path / "mlruns")
+        nodes = cluster.nodes()
+        node_b, node_c = (next(i for i, res in nodes.items() if key in res) for key in ("node_b", "node_c"))
         (tmp_path / "space.yaml").write_text(yaml.safe_dump(dict(DIGITS_SPACE, trials=1)))  # a baseline first
         r = cli("search", "--space", "space.yaml", "--name", "far", "--address", cluster.address, cwd=tmp_path,
                 env=env_for(None))
     finally:
         cluster.stop()
     last = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
-    folder = tmp_path / "mlruns" / "tune" / "far"
     assert r.returncode == 2 and last.startswith(
-        f"triaccel: error: {folder}: the search's Tune folder is not reachable at that path from Ray node ") \
-        and f"(node {node_b[:12]}: (No such file or directory))" in last, (r.stdout[-2000:], r.stderr[-3000:])
-    assert last.count("(node ") == 1 and last.endswith("(--storage on a shared disk)"), last  # node_a reaches it
-    assert not folder.exists() and not runs_of(f"sqlite:///{tmp_path}/mlruns/mlflow.db", "far")[1]
+        f"triaccel: error: {tmp_path / 'mlruns' / 'tune' / 'far'}: the search's Tune folder cannot be used at that "
+        f"path from Ray nodes ") and last.endswith("(--storage on a shared disk)"), (r.stdout[-2000:], r.stderr[-3000:])
+    assert f"(node {node_b[:12]}: (No such file or directory))" in last, last
+    assert f"(node {node_c[:12]}: (Read-only file system))" in last, last
+    assert last.count("(node ") == 2, last  # the head reaches it
+    assert sorted(p.name for p in (tmp_path / "mlruns").iterdir()) == [], "the refused search left files behind"
 
 
 @pytest.mark.ray_cluster
