@@ -71,9 +71,9 @@ def check_driver_device(space: SearchSpace, address: str | None, runtime_env: di
     init_ray(address, runtime_env=runtime_env)
     gpus = float(ray.cluster_resources().get("GPU", 0))
     if gpus > 0:
-        raise ConfigError(f"--address {address}: the cluster has {gpus:g} GPU{'s' * (gpus != 1)} and this machine none; a search's "
-                          f"baselines and confirm runs train on the machine that runs it: run the search on a "
-                          f"node with a GPU (or set train.device: cpu to search on CPUs)")
+        raise ConfigError(f"--address {address}: the cluster has {gpus:g} GPU{'s' * (gpus != 1)} and this machine "
+                          f"none; a search's baselines and confirm runs train on the machine that runs it: run the "
+                          f"search on a node with a GPU (or set train.device: cpu to search on CPUs)")
 
 
 REACH_WAIT_S = 120  # how long each node has to answer (a new worker process on a loaded node takes seconds)

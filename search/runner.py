@@ -97,7 +97,7 @@ def reach_new_folder(path: Path, address: str) -> None:
                                          "on a shared disk)")
     except BaseException:
         for p in made:
-            with contextlib.suppress(OSError):  # one another driver of that name has written into: kept
+            with contextlib.suppress(OSError):  # a folder another driver of that name has written into stays
                 p.rmdir()
         raise
 
