@@ -99,8 +99,7 @@ def find_source(c, exp: str, key: str, search: str, epochs: int) -> dict | None:
     """The most efficient finished, complete baseline run of ``key`` in another search, as a plain row (the
     newest of equals). Another search's trials on the same machine or cluster only slow a baseline or grow its
     peak, never the other way: the best measurement is the least disturbed one, and the hardest reference to
-    beat. The newest was taken before, and one measured beside a teammate's trials became every later
-    search's reference."""
+    beat."""
     from triaccel.search.results import is_complete
 
     runs = c.search_runs([exp], filter_string=f"tags.`{KEY_TAG}` = '{key}' and tags.`triaccel.role` = 'baseline' "
@@ -109,6 +108,7 @@ def find_source(c, exp: str, key: str, search: str, epochs: int) -> dict | None:
     rows = [{"run_id": r.info.run_id, "status": r.info.status, "metrics": dict(r.data.metrics),
              "tags": dict(r.data.tags), "params": dict(r.data.params), "start_time": r.info.start_time}
             for r in runs if r.data.tags.get("triaccel.search") != search]
+
     def rank(row):
         eff = row["metrics"].get("efficiency", float("nan"))
         return (eff if eff == eff else float("-inf"), row["start_time"])  # NaN: last

@@ -51,11 +51,11 @@ def driver_lock(name: str, folder: Path, command: str, refused: str | None = Non
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             who = _holder(fd) or "another process"
+            if refused:
+                raise ConfigError(refused) from None
             from triaccel.search.state import again  # state imports this module
 
             next_step = again("extend", name, "--trials N") if command == "extend" else again("resume", name)
-            if refused:
-                raise ConfigError(refused) from None
             raise ConfigError(f"search '{name}' is being run by {who}: one search has one driver at a time; "
                               f"wait for it to end (or stop it), then `{next_step}`") from None
         except OSError as e:  # a file system that cannot lock at all: say so rather than run two drivers

@@ -150,8 +150,8 @@ def note_space_edits(state: dict) -> None:
     (the edits are not searched)."""
     import hashlib
 
-    # the file's absolute path where the state records it: a resume from another folder (a teammate's, with
-    # --storage) read the typed relative path against its own folder and said a different file had changed
+    # the file's absolute path where the state records it: the typed path may be relative to another folder
+    # (a teammate's resume with --storage)
     src = Path(state.get("source_path") or state["source"])
     try:
         now = hashlib.sha256(src.read_bytes()).hexdigest()
