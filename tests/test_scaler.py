@@ -160,3 +160,36 @@ def test_the_private_hook_this_scaler_overrides_is_still_torchs():
     assert params == ["self", "optimizer", "inv_scale", "found_inf", "allow_fp16"]
     assert "_unscale_grads_" in inspect.getsource(torch.amp.GradScaler.unscale_)
     assert "_unscale_grads_" in inspect.getsource(torch.amp.GradScaler._check_inf_per_device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_fused_sgd_whose_first_step_the_scaler_skips_takes_torchs_first_step_next(device, monkeypatch):
+    """torch's fused SGD makes its momentum buffers with empty_like at the first step and, when the
+    GradScaler skips that step, never writes them: the next step read that memory as momentum (NaN
+    weights on an H100, EfficientNet-B0 static fp16). empty_like is made to hand back NaN, as reused
+    memory can; the buffers made beforehand as zeros keep the next step equal to unfused SGD's."""
+    from types import SimpleNamespace
+
+    from triaccel.optim import torch_sgd
+
+    oc = SimpleNamespace(lr=0.1, momentum=0.9, nesterov=False, weight_decay=5e-4)
+    ps = {name: _params(device, [torch.float32] * 3) for name in ("fused", "unfused")}
+    opts = {"fused": torch_sgd([{"params": ps["fused"]}], oc, fused=True),
+            "unfused": torch_sgd([{"params": ps["unfused"]}], oc, fused=None)}
+    scalers = {name: GradScaler(device, init_scale=2.0 ** 16) for name in opts}
+    empty_like = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like", lambda t, *a, **k: torch.full_like(empty_like(t, *a, **k), float("nan")))
+    for grad_value in (float("inf"), 1.0):  # an overflow at the first step (skipped), then a finite one
+        for name, opt in opts.items():
+            sc = scalers[name]
+            loss = sum((p * grad_value).sum() for p in ps[name])
+            sc.scale(loss).backward()
+            sc.unscale_(opt)
+            sc.step(opt)
+            sc.update()
+            opt.zero_grad()
+    assert scalers["fused"].get_scale() == scalers["unfused"].get_scale() == 2.0 ** 15  # one skip each
+    for a, b, start in zip(ps["fused"], ps["unfused"], _params(device, [torch.float32] * 3)):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b)
+        assert not torch.equal(a, start)  # the second step was taken

@@ -50,9 +50,25 @@ def make_optimizer(cfg: TrainConfig, groups: list[dict], device: torch.device) -
     # (the default step reads it back: one sync per step)
     fused = True if cfg.deferred_skip and device.type == "cuda" else None
     if oc.name == "sgd":
-        return torch.optim.SGD(groups, lr=oc.lr, momentum=oc.momentum, nesterov=oc.nesterov,
-                               weight_decay=oc.weight_decay, fused=fused)
+        return torch_sgd(groups, oc, fused)
     return torch.optim.AdamW(groups, lr=oc.lr, betas=oc.betas, weight_decay=oc.weight_decay, fused=fused)
+
+
+def torch_sgd(groups: list[dict], oc, fused: bool | None) -> torch.optim.SGD:
+    """``torch.optim.SGD``; fused, with its momentum buffers made as zeros now.
+
+    torch's fused SGD makes them with ``empty_like`` at its first step, and a first step the
+    GradScaler skips (found_inf: the usual fp16 start, the scale still too high) returns before
+    writing them. The next step then reads uninitialised memory as momentum: NaN weights, every
+    later loss non-finite (EfficientNet-B0, static fp16 on an H100). Zeros give that step
+    ``buf = grad``, torch's own first step (dampening 0); unfused SGD makes no buffer on a skip."""
+    opt = torch.optim.SGD(groups, lr=oc.lr, momentum=oc.momentum, nesterov=oc.nesterov,
+                          weight_decay=oc.weight_decay, fused=fused)
+    if fused and oc.momentum:
+        for g in opt.param_groups:
+            for p in g["params"]:
+                opt.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    return opt
 
 
 class GradScaler(torch.amp.GradScaler):
