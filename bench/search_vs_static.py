@@ -265,8 +265,13 @@ def summarise(res: dict, variants: list) -> None:
     """Mean and std per run label, and the export (and each variant) against the best static runs."""
     summary = {}
     for lab, rs in res["runs"].items():
-        summary[lab] = {k: stats([x[k] for x in rs]) for k in ("efficiency", "val_acc", "epoch_time_last5_s",
-                                                                "peak_mem_gib")}
+        done = [x for x in rs if "diverged" not in x]
+        if not done:  # every seed diverged: no figures, and never the best static run
+            continue
+        summary[lab] = {k: stats([x[k] for x in done]) for k in ("efficiency", "val_acc", "epoch_time_last5_s",
+                                                                  "peak_mem_gib")}
+        if len(done) < len(rs):
+            summary[lab]["diverged"] = len(rs) - len(done)
     statics = {k: v for k, v in summary.items() if k.startswith("static")}
     # against the best static run of all, the best eager one (what a user runs without us), the
     # best captured one (static training with our captured step) and the best compiled one
@@ -310,12 +315,18 @@ def main():
     variants = variants_of(tuned, args.variant)
     res["variants"] = args.variant
     plan = plan_runs(args, tuned, variants, static_runs(space, args.epochs))
+    from triaccel.trainer import Diverged
     warm_run(plan[0][1], args.warm_epochs)
     for label, d, seed in plan:
         print(f"--- {label} seed {seed}", flush=True)
-        r = train(d, seed)
-        print(label, seed, {k: r[k] for k in ("val_acc", "epoch_time_last5_s", "peak_mem_gib", "efficiency")},
-              flush=True)
+        try:
+            r = train(d, seed)
+        except Diverged as e:  # a run that diverges is a result (a static fp16 run can): kept, out of the means
+            print(label, seed, f"diverged: {e}", flush=True)
+            r = {"diverged": str(e)}
+        else:
+            print(label, seed, {k: r[k] for k in ("val_acc", "epoch_time_last5_s", "peak_mem_gib", "efficiency")},
+                  flush=True)
         res["runs"].setdefault(label, []).append({"seed": seed, **r})
         summarise(res, variants)
         write(args.out, res)
