@@ -285,6 +285,17 @@ def summarise(res: dict, variants: list) -> None:
             res[f"ratio_exported_to_best_static{suffix}"] = (summary["exported"]["efficiency"]["mean"]
                                                              / pool[best]["efficiency"]["mean"])
             res[f"val_acc_diff_pp{suffix}"] = summary["exported"]["val_acc"]["mean"] - pool[best]["val_acc"]["mean"]
+    # the judge's figures (search.results.paired): the export against each static run, paired by seed
+    from triaccel.search.results import paired
+
+    by_seed = {lab: {x["seed"]: x for x in rs if "diverged" not in x} for lab, rs in res["runs"].items()}
+    res["paired"] = {}
+    for lab in statics:
+        p = paired("exported", by_seed.get("exported", {}), by_seed[lab], res.get("accuracy_margin_pp", 0.5))
+        if p is not None:
+            res["paired"][lab] = {"seeds": list(p.seeds), "ratios": list(p.ratios), "mean": p.mean, "std": p.std,
+                                  "lower_bound_95": p.lower, "val_acc_diff_mean_pp": p.acc_mean,
+                                  "preferred": p.preferred, "why": p.why}
     for label, _ in variants:  # each variant against the same best static run
         if label in summary and res.get("best_static"):
             best = summary[res["best_static"]]
@@ -310,6 +321,7 @@ def main():
             return
     tuned = yaml.safe_load(Path(args.tuned).read_text())
     res["provenance"] = tuned.get("provenance")
+    res["accuracy_margin_pp"] = float((space.get("baseline") or {}).get("accuracy_margin", 0.5))
     tuned["epochs"] = args.epochs
     tuned.setdefault("data", {})["data_dir"] = args.data_dir  # the data every static run reads
     variants = variants_of(tuned, args.variant)
