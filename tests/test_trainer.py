@@ -88,6 +88,26 @@ def test_fp16_overflow_skips_update_keeps_schedule_halves_scale(deferred):
     assert info.skipped is (None if deferred else False)
 
 
+@pytest.mark.parametrize("deferred", [False, True])
+def test_an_fp16_forward_that_overflows_every_step_stops_saying_the_updates_were_skipped(deferred):
+    """A forward past fp16's range gives an inf loss at every step; the GradScaler skips every update and
+    the weights never move, so the run can only stop. Its line counts the skipped updates and names bf16."""
+    from triaccel.trainer import Diverged
+
+    cfg = small_cfg(**{"mode": "amp", "amp_dtype": "fp16", "data.augment": False, "triaccel.control_every": 5,
+                       "deferred_skip": str(deferred).lower()})
+    t = Trainer(cfg).setup()
+    with torch.no_grad():
+        for p in t.model.parameters():
+            p.mul_(1e4)  # activations past 65504 within the first layers
+    before = _params(t.model)
+    with pytest.raises(Diverged) as e:
+        t.train_epoch()
+    assert str(e.value) == ("train loss became non-finite at step 5 (5 of its 5 updates skipped by the GradScaler: "
+                            "fp16 overflows; amp_dtype: bf16 keeps fp32's range)"), str(e.value)
+    assert _maxdiff(before, _params(t.model)) == 0.0
+
+
 def test_checkpointed_model_matches_plain():
     torch.manual_seed(3)
     plain = build_model(ModelConfig(name="small_cnn", width=8), 10, 1, 8)

@@ -389,8 +389,15 @@ class Trainer:
         return "seq/s" if self.splits.sequence else "ex/s"
 
     def _check_finite(self, loss_sum: torch.Tensor) -> None:
-        if not bool(torch.isfinite(loss_sum)):
-            raise Diverged(f"train loss became non-finite at step {self.step_count}")
+        if bool(torch.isfinite(loss_sum)):
+            return
+        why = ""
+        if self.scaler_active():  # under fp16 the count tells an overflowing forward from a diverging one
+            self._settle_skip()
+            why = (f" ({self.skipped_steps} of its {self.step_count} updates skipped by the GradScaler"
+                   + (": fp16 overflows; amp_dtype: bf16 keeps fp32's range)"
+                      if self.cfg.mode == "amp" and self.skipped_steps * 2 > self.step_count else ")"))
+        raise Diverged(f"train loss became non-finite at step {self.step_count}{why}")
 
     # ================================================================== step
     def train_step(self, idx: torch.Tensor) -> tuple[torch.Tensor, StepInfo]:
