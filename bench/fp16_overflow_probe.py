@@ -43,7 +43,8 @@ def main():
     def counted_step(self, idx):
         loss, info = step(self, idx)
         bad = ~torch.isfinite(loss)
-        counts.setdefault(self.epoch, torch.zeros((), dtype=torch.int64, device=loss.device))
+        if self.epoch not in counts:  # one device counter an epoch, added to without a sync
+            counts[self.epoch] = torch.zeros((), dtype=torch.int64, device=loss.device)
         counts[self.epoch] += bad
         return torch.where(bad, torch.zeros_like(loss), loss), info
 

@@ -87,7 +87,7 @@ def check_nodes_reach(folder: Path, address: str | None, fix: str) -> None:
     a busy node answers too) reads a marker this process has just written there, and writes and removes a
     file of its own; a node that cannot is named, ``fix`` says what to do, and a node that does not answer
     in ``REACH_WAIT_S`` is not judged. The names carry a fresh token, so that checks of two drivers at once
-    never meet. Joins the cluster (``init_ray``) where not joined yet."""
+    never meet. The caller has joined the cluster (``init_ray``) with its runtime env."""
     if address in (None, "", "local"):
         return  # a local Ray's nodes are this machine
     import secrets
