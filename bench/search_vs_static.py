@@ -14,6 +14,8 @@ Reported: per run and seed val acc, epoch time (mean of the last 5), peak memory
 mean +- std over seeds; the ratio exported / best static (by mean efficiency) and the
 accuracy difference. ``--tuned FILE`` skips the search and trains FILE; ``--search-only`` stops
 after the export (the exported config is written beside ``--out``, for a later ``--tuned``).
+``--resume FILE`` continues a comparison that one device command could not finish (its 600 s limit):
+the runs in FILE stay, the rest are trained, each run records which command (``part``) trained it.
 """
 from __future__ import annotations
 
@@ -139,6 +141,10 @@ def parse_args():
                     help="search and export, then stop: the exported config lands beside --out")
     ap.add_argument("--work", default="/tmp/svs")
     ap.add_argument("--warm-epochs", type=int, default=2, help=WARM_HELP)
+    ap.add_argument("--resume", metavar="FILE",
+                    help="an earlier --out of this comparison (a device command that reached its time limit): "
+                         "keep its runs and train only the (run, seed) pairs it lacks. Refused unless its epochs, "
+                         "space, start point or export, GPU and git revision are this command's")
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE[,KEY=VALUE]",
                     help="also train the exported config with these dotted settings changed, as run "
                          "'exported LABEL', interleaved seed by seed (repeatable)")
@@ -263,6 +269,36 @@ def plan_runs(args, tuned: dict, variants: list, static_cfg) -> list[tuple[str, 
     return plan
 
 
+def resumed(path: str, res: dict, plan: list) -> list:
+    """The runs of ``plan`` that the earlier result at ``path`` lacks; its runs move into ``res``, and its
+    ``env`` (command, date, GPU, revision) into ``res["earlier"]``. A file of another comparison, GPU or
+    revision is refused in one line: its runs would not pair with these."""
+    import json
+
+    from _common import env
+
+    try:
+        old = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        sys.exit(f"--resume {path}: cannot read it ({type(e).__name__}: {e})")
+    here = env()
+    for key, mine in (("epochs", res["epochs"]), ("space", res["space"]), ("provenance", res.get("provenance"))):
+        if old.get(key) != mine:
+            sys.exit(f"--resume {path}: its {key} is {old.get(key)!r}, this command's {mine!r}")
+    for key in ("gpu", "git_rev"):
+        if (old.get("env") or {}).get(key) != here.get(key):
+            sys.exit(f"--resume {path}: it ran with {key} {(old.get('env') or {}).get(key)!r}, this command has "
+                     f"{here.get(key)!r}: its runs do not pair with this command's")
+    planned = {label for label, _, _ in plan}
+    extra = sorted(set(old.get("runs") or {}) - planned)
+    if extra:
+        sys.exit(f"--resume {path}: it holds runs this command does not plan ({', '.join(extra)})")
+    res["runs"] = old.get("runs") or {}
+    res["earlier"] = [*old.get("earlier", []), old.get("env")]
+    done = {(label, x["seed"]) for label, xs in res["runs"].items() for x in xs}
+    return [(label, d, seed) for label, d, seed in plan if (label, seed) not in done]
+
+
 def summarise(res: dict, variants: list) -> None:
     """Mean and std per run label, and the export (and each variant) against the best static runs."""
     summary = {}
@@ -312,6 +348,8 @@ def main():
     args = parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    if args.resume and args.tuned is None and args.start is None:
+        sys.exit("--resume needs --tuned or --start: a new search could export another config than the one resumed")
     space = read_space(args)
     res = {"what": __doc__.split("\n\n")[0], "epochs": args.epochs, "space": args.space, "runs": {}}
     if args.start is not None:
@@ -329,8 +367,16 @@ def main():
     variants = variants_of(tuned, args.variant)
     res["variants"] = args.variant
     plan = plan_runs(args, tuned, variants, static_runs(space, args.epochs))
+    if args.resume:
+        plan = resumed(args.resume, res, plan)
+        if not plan:
+            print(f"{args.resume} holds every planned run: nothing to train", flush=True)
+            summarise(res, variants)
+            write(args.out, res)
+            return
     from triaccel.trainer import Diverged
     warm_run(plan[0][1], args.warm_epochs)
+    part = len(res.get("earlier", []))  # which command trained a run: 0 the first, 1 its first resume, ...
     for label, d, seed in plan:
         print(f"--- {label} seed {seed}", flush=True)
         try:
@@ -341,7 +387,7 @@ def main():
         else:
             print(label, seed, {k: r[k] for k in ("val_acc", "epoch_time_last5_s", "peak_mem_gib", "efficiency")},
                   flush=True)
-        res["runs"].setdefault(label, []).append({"seed": seed, **r})
+        res["runs"].setdefault(label, []).append({"seed": seed, "part": part, **r})
         summarise(res, variants)
         write(args.out, res)
 
