@@ -10,7 +10,7 @@ from triaccel.hooks import Callback
 from triaccel.search import cluster
 from triaccel.search.space import SearchSpace
 from triaccel.search.state import EXPERIMENT, open_store, parent_run, read_outcome
-from triaccel.search.tags import TAG_DOMINATED
+from triaccel.search.tags import ALONE_NODE_TAG, TAG_DOMINATED
 from triaccel.units import mem_text
 
 
@@ -94,19 +94,23 @@ def run_alone(name: str, uri: str, cfg, tags: dict, label: str, callbacks: tuple
     cfg.tracking.tracking_uri = uri
     cfg.tracking.run_name = f"{name}-{label}"
     cfg.evaluate_test = False
-    logger = MLflowLogger(cfg, parent_run_id=tags.pop("parent"), extra_tags={"shared_trials": "1", **tags})
-    t0 = time.perf_counter()
-    trainer = build_trainer(cfg, [logger, *callbacks], log=lambda *a: None)
-    try:
-        s = trainer.fit()
-        s["wall_s"], epoch = time.perf_counter() - t0, trainer.epoch
-    except TriAccelError as e:
-        logger.finish("FAILED", reason=f"{type(e).__name__}: {e}")
-        print(f"{label}: FAILED {e}", flush=True)
-        return None
-    finally:  # the next run alone gets the device as this one found it (graphs' pool, model, data)
-        del trainer
-        free_device()
+    gpu = str(cfg.device).strip().lower() != "cpu" and cluster.gpu_count() > 0
+    with cluster.this_node_alone(gpu) as held:  # on a joined cluster: nothing else scheduled on this node
+        if held:
+            tags[ALONE_NODE_TAG] = held
+        logger = MLflowLogger(cfg, parent_run_id=tags.pop("parent"), extra_tags={"shared_trials": "1", **tags})
+        t0 = time.perf_counter()
+        trainer = build_trainer(cfg, [logger, *callbacks], log=lambda *a: None)
+        try:
+            s = trainer.fit()
+            s["wall_s"], epoch = time.perf_counter() - t0, trainer.epoch
+        except TriAccelError as e:
+            logger.finish("FAILED", reason=f"{type(e).__name__}: {e}")
+            print(f"{label}: FAILED {e}", flush=True)
+            return None
+        finally:  # the next run alone gets the device as this one found it (graphs' pool, model, data)
+            del trainer
+            free_device()
     # the last epoch logged val_acc, efficiency and epoch_time_last5_s already, as the summary has them;
     # peak_mem_gib there is that epoch's own, and the run's (the score's, metrics.run_peak) goes after it
     log_metrics(logger.client, logger.run_id, {"peak_mem_gib": s["peak_mem_gib"], "wall_s": s["wall_s"],

@@ -227,6 +227,56 @@ def _token_auth_for_this_node(address: str) -> None:
             pass
 
 
+# the cluster address this process joined (init_ray), if it joined one: there, other jobs' work can share
+# this node; a local Ray runs only this search's trials, and never beside its runs alone
+_JOINED: list[str] = []
+# the label Ray gives every node (2.49 and later): a placement group pinned by it reserves that node
+NODE_LABEL = "ray.io/node-id"
+ALONE_WAIT_NOTE_S = 10.0  # how long the reservation may take before the console says what it waits for
+
+
+@contextlib.contextmanager
+def this_node_alone(gpu: bool):
+    """A run measured alone (a baseline, a confirm or judge run) trains in this process, on this node. On a
+    joined cluster, a teammate's trial or another search's could be scheduled onto the same GPU meanwhile,
+    and slow the run that every trial is scored against. For as long as the block runs, a placement group
+    pinned to this node holds every GPU it offers the cluster (every CPU, for a CPU run): nothing else is
+    scheduled here, and the block starts only once the work already here has ended (said on the console
+    after ALONE_WAIT_NOTE_S). Yields this node's id where it holds it, else None: a local Ray or none at all
+    (nothing else runs here), or a node that offers the cluster none of that resource."""
+    if not _JOINED:
+        yield None
+        return
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from triaccel.errors import check_stop
+
+    if not ray.is_initialized():  # shut down since (a notebook's earlier search): nothing joined now
+        yield None
+        return
+    node = ray.get_runtime_context().get_node_id()
+    info = next((n for n in ray.nodes() if n.get("NodeID") == node), {})
+    kind = "GPU" if gpu else "CPU"
+    amount = (info.get("Resources") or {}).get(kind, 0.0)
+    if not amount or NODE_LABEL not in (info.get("Labels") or {}):
+        yield None
+        return
+    pg = placement_group([{kind: amount}], strategy="STRICT_PACK", name=f"triaccel-alone-{os.getpid()}",
+                         bundle_label_selector=[{NODE_LABEL: node}])
+    try:
+        if not pg.wait(timeout_seconds=ALONE_WAIT_NOTE_S):
+            print(f"waiting for this node's {amount:g} {kind}{'s' if amount != 1 else ''} (Ray node {node[:12]}): "
+                  f"other work on the cluster holds them, and a run measured alone trains beside none",
+                  flush=True)
+            while not pg.wait(timeout_seconds=1.0):
+                check_stop()  # Ctrl-C and SIGTERM stop the wait as they stop a run
+        yield node
+    finally:
+        with contextlib.suppress(Exception):  # a cluster gone meanwhile has released it
+            remove_placement_group(pg)
+
+
 def init_ray(address: str | None, quiet: bool = True, runtime_env: dict | None = None) -> None:
     """Ray, local or joined at ``address``; ``runtime_env`` ships the user's code to every worker
     (triaccel.userref.runtime_env_for)."""
@@ -255,6 +305,8 @@ def init_ray(address: str | None, quiet: bool = True, runtime_env: dict | None =
                         "~/.ray/auth_token exists), set RAY_AUTH_MODE=token and its token in RAY_AUTH_TOKEN")
             first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
             raise TriAccelError(f"--address {address}: cannot join a Ray cluster there ({first}){hint}") from None
+        if address != "local":  # "local" starts a new instance, as no address does
+            _JOINED[:] = [address]
     else:  # a new local instance, even where a `ray start` cluster runs (joining one is what --address is for)
         try:
             ray.init(address="local", num_cpus=os.cpu_count(), **kw)

@@ -188,6 +188,8 @@ def _resume(name: str, state: dict, address: str | None, confirm: int | None, as
         if asked:  # `resume NAME --confirm K`: the trials are done, the confirm step runs with K
             print(f"triaccel resume '{name}': the search has finished; its trials are not re-run, "
                   f"the confirm step runs with --confirm {asked}", flush=True)
+            if (joined := address or state.get("address")) and joined != "local":  # its runs alone hold this node
+                init_ray(joined, runtime_env=state.get("runtime_env"))
             with interruptible(name, uri):
                 return finish(name, space, uri, asked)
         print(f"triaccel resume '{name}': the search has finished; nothing was left to run (export it: "

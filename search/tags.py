@@ -6,3 +6,5 @@ Tune and, through the trainable, torch: about two seconds of every such command'
 TAG_SEARCH, TAG_ROLE, TAG_TRIAL = "triaccel.search", "triaccel.role", "triaccel.trial_id"
 TAG_DOMINATED = "triaccel.dominated"  # a baseline stopped as unable to become the reference (search.alone)
 NODE_TAG = "triaccel.ray_node_id"  # the Ray node a trial trained on (its last, if a resume moved it)
+# a run measured alone on a joined Ray cluster, with every GPU (CPU) of this Ray node held meanwhile (search.cluster)
+ALONE_NODE_TAG = "triaccel.alone_on_node"

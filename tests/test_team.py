@@ -639,6 +639,73 @@ def test_a_search_on_two_nodes_uses_both_and_resumes_after_its_driver_is_killed(
     assert kinds == {"node_a", "node_b"}, (where, nodes)
 
 
+# a teammate's job on the cluster: one actor holding the CPU of each node until the file argv[2] exists
+TEAMMATE = """
+import os, sys, time
+import ray
+ray.init(address=sys.argv[1], include_dashboard=False, logging_level="ERROR")
+@ray.remote(num_cpus=1)
+class Busy:
+    def ready(self):
+        return True
+held = [Busy.options(resources={k: 1}).remote() for k in ("node_a", "node_b")]
+ray.get([h.ready.remote() for h in held])
+print("HELD", flush=True)
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.2)
+"""
+
+
+@pytest.mark.ray_cluster
+def test_a_baseline_on_a_cluster_waits_for_a_teammates_work_on_its_node_and_holds_the_node(two_nodes, tmp_path):
+    """The baselines train in the driver, on its Ray node. A teammate's work on that node (here: every CPU
+    of both nodes) would share the device with the run every trial is scored against; the baseline now
+    waits, saying so, until that work ends, and holds the node (its MLflow run names it) while it trains."""
+    env = dict(two_nodes.env)
+    if (Path.home() / ".ray" / "auth_token").is_file():
+        env["RAY_AUTH_MODE"] = "token"
+    release = tmp_path / "release"
+    mate = subprocess.Popen([sys.executable, "-c", TEAMMATE, two_nodes.address, str(release)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    space = dict(SPACE, name="held", trials=1, concurrency=1)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    log = tmp_path / "search.log"
+    proc = None
+    try:
+        assert mate.stdout.readline().strip() == "HELD", mate.stdout.read()[-2000:]
+        with open(log, "w") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml",
+                                     "--name", "h", "--confirm", "0", "--address", two_nodes.address], cwd=tmp_path,
+                                    stdout=out, stderr=subprocess.STDOUT, env=env_for(None), start_new_session=True)
+        deadline = time.monotonic() + 300
+        while "waiting for this node's" not in log.read_text() and proc.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.5)
+        said = log.read_text()
+        assert "waiting for this node's 1 CPU (Ray node " in said, said[-3000:]
+        assert runs_of(uri, "h", "baseline")[1] == [], "a baseline started beside the teammate's work"
+        time.sleep(3)
+        assert proc.poll() is None and runs_of(uri, "h", "baseline")[1] == [], log.read_text()[-3000:]
+        released = time.time()
+        release.touch()
+        mate.wait(timeout=60)
+        assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+    finally:
+        release.touch()
+        for p in (proc, mate):
+            if p is not None and p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    assert no_traceback(log.read_text()), log.read_text()[-3000:]
+    _, baselines = runs_of(uri, "h", "baseline")
+    assert len(baselines) == 1 and baselines[0].info.status == "FINISHED", baselines
+    assert baselines[0].info.start_time >= released * 1000, (baselines[0].info.start_time, released)
+    assert baselines[0].data.tags.get("triaccel.alone_on_node") in two_nodes.nodes(), baselines[0].data.tags
+    assert_complete(uri, "h", 1, 1)
+
+
 # --------------------------------------------------------------------------- --storage URIs
 def test_storage_takes_a_uri_pyarrow_opens_and_refuses_others_in_one_line(tmp_path):
     """A search with its state at a local:// URI (pyarrow's other name for the local file system), listed
