@@ -182,6 +182,16 @@ def run_baselines(name: str, space: SearchSpace, uri: str, shared: int, fresh: b
     return ref["curve"]
 
 
+def reference_values(name: str, space: SearchSpace, uri: str) -> dict | None:
+    """The reference baseline's settings (its ``triaccel.values``: mode, amp_dtype, batch_size, capture,
+    compile), or None where no baseline finished."""
+    from triaccel.search.results import reference, trial_table
+
+    c, exp = open_store(uri)
+    ref = reference(trial_table(c, exp, name, role="baseline", curves=True), space.epochs)
+    return json.loads(ref["tags"].get("triaccel.values") or "null") if ref else None
+
+
 def close_cut_short(name: str, uri: str) -> None:
     """Confirm, second-look and judge runs a crash left RUNNING are closed KILLED (the rules never read
     them; ``resume`` runs them again), as the baselines' are."""

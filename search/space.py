@@ -24,10 +24,13 @@ A space file (``spaces/*.yaml``)::
                                   # later epochs twice as fast would leave it below the best finished one
     start:                        # trials Optuna runs first, as given (any subset of the params;
       - {triaccel.precision.tau_low: 1000.0}   # the rest sampled): a known-good point to beat
+      - {reference: true, batch_size: 96}      # the reference baseline's 16-bit type, batch, capture and
+                                               # compile where searched (start_points), else as written
     params:                       # the searched keys (dotted TrainConfig paths); tau in units of the median
       triaccel.precision.tau_low:  {distribution: loguniform, low: 1.0e-2, high: 1.0e+3}  # layer variance
       triaccel.precision.tau_high: {distribution: loguniform, low: 1.0e-1, high: 1.0e+4,  # (scale: relative,
                                     above: triaccel.precision.tau_low}                    # the default)
+      batch_size: {distribution: categorical, choices: [96, 192]}                         # B0
 
 Distributions and their bounds (all bounds inclusive):
 - ``uniform``: low <= x <= high;
@@ -376,6 +379,55 @@ START = "triaccel.start"
 NEAR = "triaccel.near"
 
 
+# ``reference: true`` in a start point: the keys the reference baseline decides (searched key -> its
+# ``triaccel.values`` key) take the reference's values where the space's ranges hold them (start_points).
+# What the user would have run decides the 16-bit type and the step's form: on EfficientNet-B0 (H100) static
+# fp16 captured + compiled scored 2.6x its bf16 twin, where the ResNet-18 spaces' start points are bf16
+REFERENCE_KEYS = {"triaccel.precision.half": "amp_dtype", "batch_size": "batch_size", "capture": "capture",
+                  "compile": "compile"}
+FOLLOWS = "triaccel.follows_reference"  # marks such a point in ``SearchSpace.start`` until start_points
+
+
+def admits(p, v) -> bool:
+    """Whether searched parameter ``p`` can take value ``v`` (a non-``above`` parameter)."""
+    if p.choices is not None:
+        return v in p.choices
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not p.low <= v <= p.high:
+        return False
+    return p.distribution != "int" or not (v - p.low) % (p.step or 1)
+
+
+def start_points(space: SearchSpace, ref: dict | None) -> tuple[list[dict], list[str]]:
+    """The start points Optuna enqueues: a ``reference: true`` point with the reference baseline's values
+    (``ref``: its ``triaccel.values``) for the REFERENCE_KEYS the space searches and can take; its own
+    values for the rest, and everywhere when there is no reference. Also one line per such point, for
+    the console."""
+    out, said = [], []
+    for i, point in enumerate(space.start):
+        point = dict(point)
+        if not point.pop(FOLLOWS, False):
+            out.append(point)
+            continue
+        took = {}
+        for key, rkey in REFERENCE_KEYS.items():
+            p = space.params.get(key)
+            if p is None or p.above or ref is None or rkey not in ref:
+                continue
+            if key == "triaccel.precision.half" and ref.get("mode", "amp") != "amp":
+                continue  # an fp32 reference has no 16-bit type
+            if admits(p, ref[rkey]):  # compile's None (eager) is a value
+                point[key] = took[key] = ref[rkey]
+        out.append(point)
+        if ref is None:
+            said.append(f"start point {i} follows the reference baseline, and none finished: it runs as written")
+            continue
+        kept = [k for k in REFERENCE_KEYS if k in space.params and k not in took]
+        said.append(f"start point {i} follows the reference baseline: "
+                    + (", ".join(f"{k} {'null' if v is None else v}" for k, v in took.items()) or "none of its keys")
+                    + (f" (its own {', '.join(kept)}: the reference's do not fit the space)" if kept else ""))
+    return out, said
+
+
 def _start(src: str, spec, space: SearchSpace) -> tuple:
     """The ``start`` points, checked against the params' ranges, in Optuna's names."""
     if spec is None:
@@ -388,6 +440,12 @@ def _start(src: str, spec, space: SearchSpace) -> tuple:
         if not isinstance(point, dict) or not point:
             raise field_error(src, sk, "must be a non-empty mapping of searched keys to values")
         point = dict(point)  # an int key's value made int below: the caller's data stays as given
+        follows = point.pop("reference", False)
+        if not isinstance(follows, bool):
+            raise field_error(src, f"{sk}.reference", f"must be true or false, got {follows!r}")
+        if follows and not any(k in space.params for k in REFERENCE_KEYS):
+            raise field_error(src, f"{sk}.reference", f"the space searches none of the keys the reference "
+                                                      f"decides ({', '.join(REFERENCE_KEYS)})")
         later = lambda kv: bool(space.params.get(kv[0]) and space.params[kv[0]].above)  # noqa: E731
         for k, v in sorted(point.items(), key=later):  # an ordered key after its partner
             p = space.params.get(k)
@@ -411,7 +469,7 @@ def _start(src: str, spec, space: SearchSpace) -> tuple:
                 if not v >= least:  # resolve() would run it at least, not at v
                     raise field_error(src, f"{sk}.{k}", f"{v} must be above {p.above} ({point[p.above]}) "
                                                  f"by at least {EPS:g} (relative)")
-        out.append(space.sampled(point))
+        out.append({**space.sampled(point), **({FOLLOWS: True} if follows else {})})
     return tuple(out)
 
 

@@ -3,14 +3,13 @@ trainable with its resources, the scheduler, and Tune's saved state (what ``resu
 many trials it has left)."""
 from __future__ import annotations
 
-import copy
 import logging
 import os
 from pathlib import Path
 
 from triaccel.errors import Interrupted, TriAccelError
 from triaccel.search.cluster import gpu_share, on_gpu
-from triaccel.search.space import NEAR, START, SearchSpace
+from triaccel.search.space import FOLLOWS, NEAR, START, SearchSpace, start_points
 from triaccel.search.state import EXPERIMENT, again, extension_folders, tune_root
 
 
@@ -77,7 +76,9 @@ def _constrained_optuna():
     return AccuracyConstrainedOptuna
 
 
-def new_searcher(space: SearchSpace, seeds=()):
+def new_searcher(space: SearchSpace, seeds=(), ref: dict | None = None):
+    """Optuna behind Ray's limiter; ``ref``: the reference baseline's settings, for the start points that
+    follow it (search.space.start_points)."""
     import optuna
     from ray.tune.search import ConcurrencyLimiter
 
@@ -95,8 +96,11 @@ def new_searcher(space: SearchSpace, seeds=()):
                                                  n_startup_trials=max(2, min(10, space.trials // 3)))
     if space.near_best > 0:  # a share of the trials near the best so far, the rest the sampler's own
         sampler = NearBestSampler(sampler, space.near_best, seed=space.seed)
+    start, said = start_points(space, ref)
+    for line in said:
+        print(line, flush=True)
     alg = _constrained_optuna()(space=space.optuna_distributions(), metric=space.metric, mode=space.mode,
-                                sampler=sampler, start=copy.deepcopy(space.start), seeds=seeds)
+                                sampler=sampler, start=start, seeds=seeds)
     return ConcurrencyLimiter(alg, max_concurrent=space.concurrency)
 
 
@@ -174,6 +178,11 @@ def new_tuner(space: SearchSpace, name: str, uri: str, shared: int, ref_curve: l
     from triaccel.config import TrainConfig, from_dict
 
     epochs = from_dict(TrainConfig, dict(space.train)).epochs
+    if searcher is None:
+        from triaccel.search.alone import reference_values
+
+        searcher = new_searcher(space, ref=reference_values(name, space, uri)
+                                if any(FOLLOWS in p for p in space.start) else None)
     if space.scheduler == "asha" and space.objective == "efficiency":
         from triaccel.search.schedulers import StartPointsFinishASHA
 
@@ -186,7 +195,7 @@ def new_tuner(space: SearchSpace, name: str, uri: str, shared: int, ref_curve: l
         sched = FIFOScheduler()
     return tune.Tuner(
         trial_trainable(space, shared, ref_curve),
-        tune_config=tune.TuneConfig(search_alg=searcher or new_searcher(space), scheduler=sched,
+        tune_config=tune.TuneConfig(search_alg=searcher, scheduler=sched,
                                     num_samples=space.trials,
                                     trial_dirname_creator=lambda t: t.trial_id, reuse_actors=False),
         run_config=tune.RunConfig(

@@ -129,6 +129,26 @@ def test_the_start_point_runs_first_as_given(searched):
     assert start in first_wave  # asked for before any sampled trial
 
 
+def test_a_start_point_that_follows_the_reference_runs_at_the_reference_baselines_batch(tmp_path):
+    """`reference: true`: the point takes the batch (and 16-bit type, step, forward) of the reference baseline,
+    which is known only once the baselines have trained; its own batch_size 32 stands where there is none."""
+    d = with_store(tmp_path)
+    space = {**DIGITS_SPACE, "name": "f", "trials": 1, "concurrency": 1,
+             "train": {**DIGITS_SPACE["train"], "epochs": 1},
+             "baseline": {**DIGITS_SPACE["baseline"], "batch_sizes": [48]},
+             "params": {**DIGITS_SPACE["params"], "batch_size": {"distribution": "categorical", "choices": [32, 48]}},
+             "start": [{"reference": True, "batch_size": 32, "triaccel.precision.tau_low": 2e-5,
+                        "triaccel.precision.tau_high": 0.05, "triaccel.batch.rho_low": 0.5}]}
+    (d / "space.yaml").write_text(yaml.safe_dump(space))
+    r = cli("search", "--space", "space.yaml", "--name", "f", cwd=d)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "start point 0 follows the reference baseline: batch_size 48\n" in r.stdout, r.stdout[-3000:]
+    _, (run,) = trial_runs(d, "f")
+    assert run.data.tags.get("triaccel.start") == "true"
+    assert json.loads(run.data.tags["triaccel.values"])["batch_size"] == 48
+    assert float(run.data.params["search.triaccel.precision.tau_low"]) == pytest.approx(2e-5)  # the rest as given
+
+
 def test_diverging_trial_fails_with_reason_and_search_goes_on(searched):
     d, _ = searched
     c, runs = trial_runs(d, "t1")
