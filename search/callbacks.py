@@ -21,7 +21,7 @@ from ray.tune import Callback
 from triaccel.config import flatten
 from triaccel.search.space import CONTROLLER_DEFAULTS, NEAR, START
 from triaccel.search.tags import NODE_TAG, TAG_ROLE, TAG_SEARCH, TAG_TRIAL  # noqa: F401 (names of this module)
-from triaccel.search.trainable import NODE_KEY
+from triaccel.search.trainable import NODE_KEY, recorded_node
 from triaccel.units import mem_text
 from triaccel.tracking import client as make_client
 from triaccel.tracking import ensure_experiment, git_revision, log_metrics, log_params, log_yaml_artifact
@@ -243,6 +243,10 @@ class MLflowSearchCallback(Callback):
     def on_trial_error(self, iteration, trials, trial, **info):
         rid = self.child_run_id(trial)
         self.client.set_tag(rid, "failure_reason", failure_reason(trial))
+        node = recorded_node(trial)  # where it failed: a trial that fails before its first result named none
+        if node and self._node.get(trial.trial_id) != node:
+            self.client.set_tag(rid, NODE_TAG, node)
+            self._node[trial.trial_id] = node
         self.client.set_terminated(rid, status="FAILED")
 
     def on_experiment_end(self, trials, **info):  # also after Ctrl-C: the runner closes the parent run

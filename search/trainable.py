@@ -151,6 +151,7 @@ def run_trial(config: dict, space_data: dict, shared: int, gpu_fraction: float, 
 
     # Tune re-runs a failed trial once (tuner.TRIAL_RETRIES) for a worker or node that was lost; an error the
     # trial raised itself (Diverged, the user's code) would only repeat, so a retry re-raises it at once
+    record_node()
     failed = Path(tune.get_context().get_trial_dir()) / FAILED_FILE
     if failed.is_file():
         raise TrialFailed(failed.read_text())
@@ -163,6 +164,32 @@ def run_trial(config: dict, space_data: dict, shared: int, gpu_fraction: float, 
 
 
 FAILED_FILE = "triaccel_failed.txt"  # in the trial's own folder on its node: the error it raised, for a retry
+# in the trial's folder on the search's storage, which every node reaches (the search checks it): the Ray node the
+# trial last started on. Each result names its node too (NODE_KEY); this names it for a trial that fails before
+# its first result, whose MLflow run would otherwise not say where it failed
+NODE_FILE = "triaccel_node.txt"
+
+
+def record_node() -> None:
+    node = ray_node_id()
+    if not node:
+        return
+    from ray import tune
+
+    with contextlib.suppress(Exception):  # where it cannot be written, the failure's run names no node
+        st = tune.get_context().get_storage()
+        st.storage_filesystem.create_dir(st.trial_fs_path, recursive=True)
+        with st.storage_filesystem.open_output_stream(f"{st.trial_fs_path}/{NODE_FILE}") as f:
+            f.write(node.encode())
+
+
+def recorded_node(trial) -> str | None:
+    """The node ``record_node`` wrote for this Tune trial, read on the driver; None where there is none."""
+    with contextlib.suppress(Exception):
+        st = trial.storage
+        with st.storage_filesystem.open_input_stream(f"{st.trial_fs_path}/{NODE_FILE}") as f:
+            return f.read().decode().strip() or None
+    return None
 
 
 class TrialFailed(RuntimeError):

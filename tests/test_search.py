@@ -162,6 +162,9 @@ def test_diverging_trial_fails_with_reason_and_search_goes_on(searched):
         assert "TrialFailed: Diverged" in (d / "mlruns" / "tune" / "t1" / r.data.tags["triaccel.trial_id"] /
                                            "error.txt").read_text()
         assert "triaccel.worker_lost" not in r.data.tags
+        # where it failed, though it failed before any result named its node (each result names it)
+        assert c.get_metric_history(r.info.run_id, "val_acc") == []
+        assert r.data.tags.get("triaccel.ray_node_id") == sane[0].data.tags["triaccel.ray_node_id"], r.data.tags
     assert all(r.info.status == "FINISHED" for r in sane)
 
 
