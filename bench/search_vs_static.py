@@ -205,7 +205,10 @@ def start_point(space: dict, k: int, work: Path, space_file: str) -> Path:
     if not 0 <= k < len(starts):
         sys.exit(f"--start {k}: the space has {len(starts)} start points (0..{len(starts) - 1})")
     d = copy.deepcopy(space["train"])
-    for key, val in starts[k].items():
+    point = dict(starts[k])
+    if point.pop("reference", False):  # no search, so no reference baseline: the point as written
+        print(f"--start {k} follows the reference baseline in a search; here it trains as written", flush=True)
+    for key, val in point.items():
         set_dotted(d, key, val)
     d["provenance"] = {"space_file": space_file, "start_point": k}
     p = work / f"start{k}.yaml"
