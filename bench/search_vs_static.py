@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import statistics
 import subprocess
@@ -276,8 +277,6 @@ def resumed(path: str, res: dict, plan: list) -> list:
     """The runs of ``plan`` that the earlier result at ``path`` lacks; its runs move into ``res``, and its
     ``env`` (command, date, GPU, revision) into ``res["earlier"]``. A file of another comparison, GPU or
     revision is refused in one line: its runs would not pair with these."""
-    import json
-
     from _common import env
 
     try:

@@ -222,12 +222,14 @@ class MLflowSearchCallback(Callback):
         metrics["wall_s"] = float(result.get("time_total_s", 0.0))  # the trial's time so far, restores included
         metrics["gpu_share"] = getattr(self, "gpu_share", 1.0)
         log_metrics(self.client, rid, metrics, step=step)
-        node = result.get(NODE_KEY)
+        self._tag_node(trial, rid, result.get(NODE_KEY))
+        self._last_step[trial.trial_id] = step
+
+    def _tag_node(self, trial, rid, node):
+        """Where the trial trained (the last node, if a resume moved it): a cluster's placement, checkable per run."""
         if node and self._node.get(trial.trial_id) != node:
-            # where it trained (the last node, if a resume moved it): a cluster's placement, checkable per run
             self.client.set_tag(rid, NODE_TAG, node)
             self._node[trial.trial_id] = node
-        self._last_step[trial.trial_id] = step
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         rid = self.child_run_id(trial)
@@ -243,10 +245,7 @@ class MLflowSearchCallback(Callback):
     def on_trial_error(self, iteration, trials, trial, **info):
         rid = self.child_run_id(trial)
         self.client.set_tag(rid, "failure_reason", failure_reason(trial))
-        node = recorded_node(trial)  # where it failed: a trial that fails before its first result named none
-        if node and self._node.get(trial.trial_id) != node:
-            self.client.set_tag(rid, NODE_TAG, node)
-            self._node[trial.trial_id] = node
+        self._tag_node(trial, rid, recorded_node(trial))  # also for a trial that failed before its first result
         self.client.set_terminated(rid, status="FAILED")
 
     def on_experiment_end(self, trials, **info):  # also after Ctrl-C: the runner closes the parent run
