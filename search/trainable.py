@@ -149,9 +149,10 @@ def run_trial(config: dict, space_data: dict, shared: int, gpu_fraction: float, 
     ``factories``: the model and data functions handed to triaccel.search from Python, by reference."""
     from ray import tune
 
+    check_storage()  # before anything is written or trained; not kept for a retry, which may land on another node
+    record_node()
     # Tune re-runs a failed trial once (tuner.TRIAL_RETRIES) for a worker or node that was lost; an error the
     # trial raised itself (Diverged, the user's code) would only repeat, so a retry re-raises it at once
-    record_node()
     failed = Path(tune.get_context().get_trial_dir()) / FAILED_FILE
     if failed.is_file():
         raise TrialFailed(failed.read_text())
@@ -170,17 +171,67 @@ FAILED_FILE = "triaccel_failed.txt"  # in the trial's own folder on its node: th
 NODE_FILE = "triaccel_node.txt"
 
 
+class StorageError(RuntimeError):
+    """The trial's node does not see the search's Tune folder (``check_storage``)."""
+
+
+def check_storage() -> None:
+    """The search checks that every node reaches its Tune folder as it starts (cluster.check_nodes_reach). A
+    node that joins the cluster later may have no such folder, a disk of its own there, or a read-only one:
+    Ray finds out only as the trial saves its first checkpoint, after an epoch of training, and that epoch is
+    lost. Here the trial looks, before it trains, for the marker Ray's driver wrote into the experiment folder
+    (the file Ray checks at that checkpoint), and fails in one line naming its node where it is not there."""
+    from ray import tune
+
+    try:
+        from ray.train._internal.storage import _VALIDATE_STORAGE_MARKER_FILENAME as marker
+        from pyarrow.fs import FileType
+    except ImportError:  # a Ray that moved its marker: its own check at the first checkpoint stands
+        return
+    st = tune.get_context().get_storage()
+    if st is None:
+        return
+    try:
+        seen = st.storage_filesystem.get_file_info(f"{st.experiment_fs_path}/{marker}").type != FileType.NotFound
+    except OSError:
+        seen = False
+    if not seen:
+        raise StorageError(
+            f"Ray node {node_named(ray_node_id())} does not reach the search's Tune folder {st.experiment_fs_path} "
+            f"(the search checked the nodes alive as it started: this one joined later, or lost the folder since): "
+            f"the trial trained nothing there; give that node the shared disk at the same path, or stop it")
+
+
 def record_node() -> None:
+    """Writes this trial's node into its folder on the search's storage; a node that cannot write there (a
+    read-only disk at the path) fails the trial here, in one line, before it trains."""
     node = ray_node_id()
     if not node:
         return
     from ray import tune
 
-    with contextlib.suppress(Exception):  # where it cannot be written, the failure's run names no node
+    try:
         st = tune.get_context().get_storage()
+    except Exception:  # noqa: BLE001 - not inside a Tune trial: nothing to record
+        return
+    try:
         st.storage_filesystem.create_dir(st.trial_fs_path, recursive=True)
         with st.storage_filesystem.open_output_stream(f"{st.trial_fs_path}/{NODE_FILE}") as f:
             f.write(node.encode())
+    except OSError as e:
+        raise StorageError(
+            f"Ray node {node_named(node)} cannot write to the search's Tune folder {st.trial_fs_path} "
+            f"({e.strerror or e}): the trial trained nothing there; every node writes trials' checkpoints there") \
+            from None
+
+
+def node_named(node: str) -> str:
+    """``node`` (its Ray id) as a line names it: the id's first 12 characters and the node's address."""
+    import ray
+
+    with contextlib.suppress(Exception):
+        return f"{node[:12]} at {ray.util.get_node_ip_address()}"
+    return node[:12]
 
 
 def recorded_node(trial) -> str | None:

@@ -502,23 +502,30 @@ class TwoNodeCluster:
         assert p.returncode == 0, (args, out[-2000:], err[-3000:])
         return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
-    def start(self, hide: Path | None = None, read_only: Path | None = None):
-        """``hide``: node_b without that folder; ``read_only``: a third node, node_c, that has it read-only."""
+    def start(self, hide: Path | None = None, read_only: Path | None = None, head_cpus: int = 1,
+              second: bool = True):
+        """``hide``: node_b without that folder; ``read_only``: a third node, node_c, that has it read-only;
+        ``second=False``: the head alone (``add_node`` adds one later), with ``head_cpus`` CPUs."""
         # a token on the machine (any earlier local ray.init writes one): `ray start` then turns token auth
         # on, as it will for a user, and the search joins through it
         subprocess.run([*_ray_cmd(), "get-auth-token", "--generate"], capture_output=True, timeout=120, env=self.env)
-        r = self._ray("start", "--head", f"--port={self.port}", "--num-cpus=1", "--resources={\"node_a\": 1}",
-                      "--include-dashboard=false", f"--temp-dir={self.temp}", "--disable-usage-stats")
+        r = self._ray("start", "--head", f"--port={self.port}", f"--num-cpus={head_cpus}",
+                      "--resources={\"node_a\": 1}", "--include-dashboard=false", f"--temp-dir={self.temp}",
+                      "--disable-usage-stats")
         printed = re.search(r"--address='([^']+)'", r.stdout + r.stderr)
         assert printed, (r.stdout + r.stderr)[-2000:]
         self.address = printed.group(1)
         if (Path.home() / ".ray" / "auth_token").is_file():
             self.env["RAY_AUTH_MODE"] = "token"  # the head turned token auth on: a joining node sends the token
-        self._ray("start", f"--address={self.address}", "--num-cpus=1", "--resources={\"node_b\": 1}",
-                  f"--temp-dir={self.temp}", "--disable-usage-stats", hide=hide)
+        if second:
+            self.add_node("node_b", hide=hide)
         if read_only:
-            self._ray("start", f"--address={self.address}", "--num-cpus=1", "--resources={\"node_c\": 1}",
-                      f"--temp-dir={self.temp}", "--disable-usage-stats", read_only=read_only)
+            self.add_node("node_c", read_only=read_only)
+
+    def add_node(self, resource: str, hide: Path | None = None, read_only: Path | None = None):
+        """One more node of one CPU, told apart by the custom resource ``resource``."""
+        self._ray("start", f"--address={self.address}", "--num-cpus=1", f"--resources={{\"{resource}\": 1}}",
+                  f"--temp-dir={self.temp}", "--disable-usage-stats", hide=hide, read_only=read_only)
 
     def nodes(self) -> dict:
         """{node id: its resources} of the live nodes, as Ray's GCS lists them."""
@@ -584,6 +591,56 @@ def test_a_node_that_cannot_reach_the_tune_folder_is_refused_before_the_baseline
     assert f"(node {node_c[:12]}: (Read-only file system))" in last, last
     assert last.count("(node ") == 2, last  # the head reaches it
     assert sorted(p.name for p in (tmp_path / "mlruns").iterdir()) == [], "the refused search left files behind"
+
+
+@pytest.mark.ray_cluster
+def test_a_node_that_joins_after_the_check_without_the_folder_fails_its_trial_before_it_trains(tmp_path):
+    """The search checks the nodes alive as it starts (the test above). A node that joined later without the
+    shared folder ran trials that failed only at their first checkpoint, an epoch of training later, in Ray's
+    many-line storage message. Now such a trial fails as it starts, in one line naming its node, and trains
+    nothing; the search goes on as it does past any failed trial."""
+    if not _can_hide():
+        pytest.skip("this machine does not let a process mount a folder of its own (unshare -m)")
+    (tmp_path / "mlruns").mkdir()
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(dict(SPACE, name="late", trials=1, concurrency=1)))
+    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    log = tmp_path / "search.log"
+    cluster = TwoNodeCluster()
+    proc = None
+    try:
+        cluster.start(head_cpus=0, second=False)  # no trial can run on the head: the trial waits for a node
+        with open(log, "w") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml",
+                                     "--name", "late", "--confirm", "0", "--address", cluster.address], cwd=tmp_path,
+                                    stdout=out, stderr=subprocess.STDOUT, env=env_for(None), start_new_session=True)
+        deadline = time.monotonic() + 300
+        while "triaccel search 'late':" not in log.read_text() and proc.poll() is None \
+                and time.monotonic() < deadline:  # printed after the check of every node
+            time.sleep(0.5)
+        assert proc.poll() is None and "triaccel search 'late':" in log.read_text(), log.read_text()[-3000:]
+        cluster.add_node("node_b", hide=tmp_path / "mlruns")
+        node_b = next(i for i, res in cluster.nodes().items() if "node_b" in res)
+        rc = proc.wait(timeout=600)
+    finally:
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        cluster.stop()
+    said = log.read_text()
+    folder = tmp_path / "mlruns" / "tune" / "late"
+    line = next((ln for ln in said.splitlines() if " FAILED " in ln), "")
+    assert line.split(" FAILED ", 1)[-1].startswith(
+        f"StorageError: Ray node {node_b[:12]} at ") and f"does not reach the search's Tune folder {folder} " in line, \
+        said[-3000:]
+    assert rc == 0 and no_traceback(said), (rc, said[-3000:])  # a failed trial ends no search
+    _, runs = runs_of(uri, "late", "trial")
+    assert len(runs) == 1 and runs[0].info.status == "FAILED", [r.info.status for r in runs]
+    # its run says where it failed: the node could write no file naming itself to the storage it lacks
+    assert runs[0].data.tags.get("failure_reason", "").startswith(f"StorageError: Ray node {node_b[:12]} at "), \
+        runs[0].data.tags
+    assert "val_acc" not in runs[0].data.metrics and "epoch" not in runs[0].data.metrics, runs[0].data.metrics
+    assert not list(folder.glob("*/checkpoint_*")), "the trial on the late node saved a checkpoint"
 
 
 @pytest.mark.ray_cluster
