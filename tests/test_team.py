@@ -564,6 +564,23 @@ def _can_hide() -> bool:
     return r.returncode == 0
 
 
+def search_on(address: str, name: str, cwd: Path, log: Path) -> subprocess.Popen:
+    """``triaccel search`` of cwd's space.yaml on the cluster at ``address`` (no confirm runs), in its own process
+    group, printing into ``log``: a file, not a pipe nobody reads (a full pipe would stall the driver)."""
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name",
+                                 name, "--confirm", "0", "--address", address], cwd=cwd, stdout=out,
+                                stderr=subprocess.STDOUT, env=env_for(None), start_new_session=True)
+
+
+def wait_said(log: Path, proc: subprocess.Popen, text: str, timeout: float = 300) -> str:
+    """The log once it holds ``text``, or the process has ended, or ``timeout`` s have passed (a start-up wait)."""
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return log.read_text()
+
+
 @pytest.mark.ray_cluster
 def test_a_node_that_cannot_reach_the_tune_folder_is_refused_before_the_baselines(tmp_path):
     """A cluster node without the folder the others share (its own disk there) failed every trial it ran at
@@ -609,15 +626,9 @@ def test_a_node_that_joins_after_the_check_without_the_folder_fails_its_trial_be
     proc = None
     try:
         cluster.start(head_cpus=0, second=False)  # no trial can run on the head: the trial waits for a node
-        with open(log, "w") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml",
-                                     "--name", "late", "--confirm", "0", "--address", cluster.address], cwd=tmp_path,
-                                    stdout=out, stderr=subprocess.STDOUT, env=env_for(None), start_new_session=True)
-        deadline = time.monotonic() + 300
-        while "triaccel search 'late':" not in log.read_text() and proc.poll() is None \
-                and time.monotonic() < deadline:  # printed after the check of every node
-            time.sleep(0.5)
-        assert proc.poll() is None and "triaccel search 'late':" in log.read_text(), log.read_text()[-3000:]
+        proc = search_on(cluster.address, "late", tmp_path, log)
+        said = wait_said(log, proc, "triaccel search 'late':")  # printed after the check of every node
+        assert proc.poll() is None and "triaccel search 'late':" in said, said[-3000:]
         cluster.add_node("node_b", hide=tmp_path / "mlruns")
         node_b = next(i for i, res in cluster.nodes().items() if "node_b" in res)
         rc = proc.wait(timeout=600)
@@ -650,10 +661,7 @@ def test_a_search_on_two_nodes_uses_both_and_resumes_after_its_driver_is_killed(
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
     log = tmp_path / "search.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name",
-                                 "c", "--confirm", "0", "--address", two_nodes.address], cwd=tmp_path, stdout=out,
-                                stderr=subprocess.STDOUT, env=env_for(None), start_new_session=True)
+    proc = search_on(two_nodes.address, "c", tmp_path, log)
     try:
         deadline = time.monotonic() + 900
         finished = []
@@ -731,15 +739,8 @@ def test_a_baseline_on_a_cluster_waits_for_a_teammates_work_on_its_node_and_hold
     proc = None
     try:
         assert mate.stdout.readline().strip() == "HELD", mate.stdout.read()[-2000:]
-        with open(log, "w") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml",
-                                     "--name", "h", "--confirm", "0", "--address", two_nodes.address], cwd=tmp_path,
-                                    stdout=out, stderr=subprocess.STDOUT, env=env_for(None), start_new_session=True)
-        deadline = time.monotonic() + 300
-        while "waiting for this node's" not in log.read_text() and proc.poll() is None \
-                and time.monotonic() < deadline:
-            time.sleep(0.5)
-        said = log.read_text()
+        proc = search_on(two_nodes.address, "h", tmp_path, log)
+        said = wait_said(log, proc, "waiting for this node's")
         assert "waiting for this node's 1 CPU (Ray node " in said, said[-3000:]
         assert runs_of(uri, "h", "baseline")[1] == [], "a baseline started beside the teammate's work"
         time.sleep(3)
