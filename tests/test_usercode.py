@@ -399,6 +399,15 @@ def test_user_package_search_export_train(tmp_path):
     r = cli("train", "--config", "tuned.yaml", "--set", "epochs=1", cwd=d)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "ucpkg.models.mlp on ucpkg.data.digits" in r.stdout and "test acc" in r.stdout
+    # the package changed since: extend says so in one line before Ray starts, as resume does (it ran a trial
+    # certain to fail, which stayed in the search's table, and exited 0)
+    with open(d / "ucpkg" / "models.py", "a") as f:
+        f.write("\n\ndef mlp(**kw):\n    raise RuntimeError('refactored away')\n")
+    r = cli("extend", "uc", "--trials", "1", cwd=d)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "triaccel: error: model.class_path: ucpkg.models.mlp(...) raised RuntimeError: refactored away"], \
+        (r.stdout[-2000:], r.stderr[-2000:])
+    assert not (d / "mlruns" / "tune" / "uc" / "extend-1").exists() and "trial" not in r.stdout
 
 
 @pytest.mark.slow
@@ -419,6 +428,24 @@ def test_readme_notebook_example_runs_as_written(tmp_path):
     r = cli("resume", "notebook-digits", cwd=tmp_path)
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1
     assert "hand it again" in r.stderr and "triaccel.resume" in r.stderr
+    r = cli("extend", "notebook-digits", "--trials", "1", cwd=tmp_path)  # so does extend, naming its own form
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "triaccel.extend" in r.stderr, r.stderr
+    assert not (tmp_path / "mlruns" / "tune" / "notebook-digits" / "extend-1").exists()
+    # and from Python, handed the functions again, another process extends it: the notebook's functions, as
+    # a new session defines them again (exec'd from its source; the search itself is not run again)
+    again = ("import ast, sys, triaccel\n"
+             "src = open(sys.argv[1]).read()\n"
+             "tree = ast.parse(src)\n"
+             "tree.body = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom, ast.FunctionDef))]\n"
+             "exec(compile(tree, sys.argv[1], 'exec'))\n"
+             "r = triaccel.extend('notebook-digits', 1, model=make_model, data=make_data)\n"
+             "print('extended:', r.counts)\n")
+    r = subprocess.run([sys.executable, "-c", again, str(ROOT / "docs" / "examples" / "notebook.py")], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=900,
+                       env=child_env("MLFLOW_TRACKING_URI", "TRIACCEL_TUNE_DIR"))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "trial   1/1 " in r.stdout and "0 failed, 5 trials in MLflow" in r.stdout, r.stdout[-2000:]
+    assert "extended: {" in r.stdout and "'failed': 0" in r.stdout, r.stdout[-2000:]
 
 
 def test_api_import_is_cheap_and_search_stays_callable():

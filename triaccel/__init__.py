@@ -8,7 +8,7 @@ def __getattr__(name):
         import importlib
 
         return importlib.import_module("triaccel.search")
-    if name in ("train", "resume", "TrainResult", "SearchResult"):
+    if name in ("train", "resume", "extend", "TrainResult", "SearchResult"):
         from triaccel import api
 
         return getattr(api, name)
@@ -19,4 +19,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'triaccel' has no attribute {name!r}")
 
 
-__all__ = ["train", "search", "resume", "DataSplits", "TrainResult", "SearchResult"]
+__all__ = ["train", "search", "resume", "extend", "DataSplits", "TrainResult", "SearchResult"]

@@ -205,6 +205,23 @@ def resume(name: str, model: Callable | str | None = None, data: Callable | str 
            address: str | None = None, confirm: int | None = None) -> SearchResult:
     """Continue a stopped search; a search started with functions that have no import path needs them again."""
     from triaccel.search.runner import resume_search
+
+    _hand_again(name, model, data)
+    return outcome(name, resume_search(name, address=address, confirm=confirm))
+
+
+def extend(name: str, trials: int, model: Callable | str | None = None, data: Callable | str | None = None,
+           address: str | None = None, confirm: int | None = None) -> SearchResult:
+    """Give a finished search ``trials`` more trials (``triaccel extend``); a search started with functions
+    that have no import path needs them again."""
+    from triaccel.search.extend import extend_search
+
+    _hand_again(name, model, data)
+    return outcome(name, extend_search(name, trials, address=address, confirm=confirm))
+
+
+def _hand_again(name: str, model, data) -> None:
+    """The functions a search was started with, handed again in this process (they have no import path)."""
     from triaccel.search.state import read_state
     from triaccel.userref import CALLABLES, is_callable_ref
 
@@ -213,7 +230,6 @@ def resume(name: str, model: Callable | str | None = None, data: Callable | str 
         ref = (train.get(section) or {}).get("class_path")
         if fn is not None and is_callable_ref(ref) and not isinstance(fn, str):
             CALLABLES[ref] = fn
-    return outcome(name, resume_search(name, address=address, confirm=confirm))
 
 
 def outcome(name: str, out: dict | None = None) -> SearchResult:

@@ -102,7 +102,8 @@ def resolve(ref: str, key: str) -> Callable:
             name = ref[len(CALLABLE_PREFIX):]
             raise ConfigError(f"{key}: {ref!r} is a function handed to triaccel's Python API in another process; "
                               f"hand it again: triaccel.train(config, {key.split('.')[0]}={name}) (or "
-                              f"triaccel.resume(NAME, {key.split('.')[0]}={name}))")
+                              f"triaccel.resume(NAME, {key.split('.')[0]}={name}), "
+                              f"triaccel.extend(NAME, TRIALS, {key.split('.')[0]}={name}))")
         return fn
     return _import(ref, key)
 
