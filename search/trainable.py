@@ -144,13 +144,19 @@ def trial_threads() -> int:
 
 
 def run_trial(config: dict, space_data: dict, shared: int, gpu_fraction: float, ref_curve: list | None = None,
-              margin: float = 0.0, factories: dict | None = None) -> None:
+              margin: float = 0.0, factories: dict | None = None, workdir: str | None = None) -> None:
     """One trial: ``config`` holds Optuna's sample; the fixed settings come from the space.
-    ``factories``: the model and data functions handed to triaccel.search from Python, by reference."""
+    ``factories``: the model and data functions handed to triaccel.search from Python, by reference.
+    ``workdir``: the folder the search's command runs in."""
     from ray import tune
 
     check_storage()  # before anything is written or trained; not kept for a retry, which may land on another node
     record_node()
+    # Tune starts each trial in a folder of its own; the trial runs where the command runs, where it exists on
+    # this node: a relative path in the user's init_args means here what it meant to the driver's check of
+    # the user's code and to the baselines. Nothing of the trial's own is written relative to it.
+    if workdir and os.path.isdir(workdir):
+        os.chdir(workdir)
     # Tune re-runs a failed trial once (tuner.TRIAL_RETRIES) for a worker or node that was lost; an error the
     # trial raised itself (Diverged, the user's code) would only repeat, so a retry re-raises it at once
     failed = Path(tune.get_context().get_trial_dir()) / FAILED_FILE

@@ -116,7 +116,7 @@ def trial_trainable(space: SearchSpace, shared: int, ref_curve: list | None):
 
     fn = tune.with_parameters(run_trial, space_data=space.raw, shared=shared,
                               gpu_fraction=space.gpus_per_trial if on_gpu(space) else 1.0,
-                              ref_curve=ref_curve, margin=space.margin, factories=shipped())
+                              ref_curve=ref_curve, margin=space.margin, factories=shipped(), workdir=os.getcwd())
     return tune.with_resources(trial_class(fn), res)
 
 

@@ -71,6 +71,12 @@ def digits(n=600, tensors=True):
     return {"train": mk(x[:cut], y[:cut]), "test": mk(x[cut:], y[cut:])}
 
 
+def saved(path):  # a file the user keeps beside the space, named by a relative path
+    x, y = torch.load(path)
+    cut = len(y) * 4 // 5
+    return {"train": TensorDataset(x[:cut], y[:cut]), "test": TensorDataset(x[cut:], y[cut:])}
+
+
 def broken(n=1):
     raise RuntimeError("no such table")
 ''',
@@ -378,9 +384,19 @@ def test_timm_model_by_name():
 # --------------------------------------------------------------------------- end to end on Ray
 @pytest.mark.slow
 def test_user_package_search_export_train(tmp_path):
-    """The workers import the package only through the search's runtime_env; the export keeps the references."""
+    """The workers import the package only through the search's runtime_env; the export keeps the references.
+    The data is a file named by a path relative to the folder the search runs in: the trials read it there too
+    (Tune starts each in a folder of its own, where every trial failed on it after the baselines had trained)."""
     d = project(tmp_path)
+    import torch
+
+    from triaccel.data import digits_arrays
+
+    x, y = digits_arrays()
+    torch.save((torch.tensor(x[:400], dtype=torch.float32).unsqueeze(1) / 16, torch.tensor(y[:400])),
+               d / "digits400.pt")
     train = {**CONFIG, "epochs": 2, "mode": "triaccel",
+             "data": {"class_path": "ucpkg.data.saved", "init_args": {"path": "digits400.pt"}},
              "triaccel": {"control_every": 4, "batch": {"enabled": False}}}
     space = {"name": "uc", "trials": 2, "concurrency": 2, "scheduler": "none", "sampler": "random", "seed": 1,
              "baseline": {"batch_sizes": [64], "accuracy_margin": 100.0}, "train": train,
@@ -394,11 +410,11 @@ def test_user_package_search_export_train(tmp_path):
     r = cli("export", "uc", "--out", "tuned.yaml", cwd=d)
     assert r.returncode == 0, r.stderr[-2000:]
     tuned = yaml.safe_load((d / "tuned.yaml").read_text())
-    assert tuned["model"]["class_path"] == "ucpkg.models.mlp" and tuned["data"]["class_path"] == "ucpkg.data.digits"
-    assert tuned["data"]["init_args"] == {"n": 400}
+    assert tuned["model"]["class_path"] == "ucpkg.models.mlp" and tuned["data"]["class_path"] == "ucpkg.data.saved"
+    assert tuned["data"]["init_args"] == {"path": "digits400.pt"}
     r = cli("train", "--config", "tuned.yaml", "--set", "epochs=1", cwd=d)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "ucpkg.models.mlp on ucpkg.data.digits" in r.stdout and "test acc" in r.stdout
+    assert "ucpkg.models.mlp on ucpkg.data.saved" in r.stdout and "test acc" in r.stdout
     # the package changed since: extend says so in one line before Ray starts, as resume does (it ran a trial
     # certain to fail, which stayed in the search's table, and exited 0)
     with open(d / "ucpkg" / "models.py", "a") as f:
