@@ -575,6 +575,19 @@ def test_two_lambdas_handed_at_once_stay_apart_and_a_later_call_replaces_its_own
     assert model_ref.endswith("._lambda_") and data_ref == "callable:data." + model_ref[len("callable:"):]
 
 
+def test_a_built_model_handed_as_the_factory_is_one_line_naming_the_fix():
+    """model=nn.Linear(20, 4), a notebook's natural slip: it was called as its own factory and failed with
+    "Linear.forward() missing 1 required positional argument"."""
+    import triaccel
+    from triaccel.errors import ConfigError
+
+    base = {"mode": "fp32", "epochs": 1, "batch_size": 32, "device": "cpu", "tracking": {"enabled": False}}
+    with pytest.raises(ConfigError) as e:
+        triaccel.train(base, model=nn.Linear(64, 10), data=lambda: tiny_data(tensors=True))
+    assert str(e.value) == ("model: got a built Linear; hand the class or function that builds it (each run builds "
+                            "its own, sized to the data: model=Linear or model=make_model)")
+
+
 @pytest.mark.parametrize("targets,said", [
     (lambda y: y.unsqueeze(1), r"targets of shape \[N, 1\]: give class ids of shape \[N\] \(y\.squeeze\(1\)\)"),
     (lambda y: torch.nn.functional.one_hot(y, 10), r"targets look one-hot \(\[N, 10\], a single 1 per row\): give "

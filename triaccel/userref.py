@@ -33,6 +33,11 @@ def reference_of(fn: Callable | str, what: str) -> str:
         return fn
     if not callable(fn):
         raise ConfigError(f"{what}: must be a callable or an import path string, got {type(fn).__name__}")
+    torch = sys.modules.get("torch")  # a built model is callable too: it would be called as its own factory
+    if torch is not None and isinstance(fn, torch.nn.Module):
+        raise ConfigError(f"{what}: got a built {type(fn).__name__}; hand the class or function that builds it "
+                          f"(each run builds its own, sized to the data: {what}={type(fn).__name__} or "
+                          f"{what}=make_{what})")
     mod, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
     if mod and qual and mod != "__main__" and "<" not in qual and getattr(sys.modules.get(mod), "__file__", None):
         ref = f"{mod}:{qual}"
