@@ -434,8 +434,9 @@ class TriAccelLoop(Callback):
 
     def _apply_batch(self, tr, bd) -> None:
         if bd.action == "settle":
-            self.log(f"[batch] settled at B={bd.batch} (cost per example by size: " + ", ".join(
-                f"{k}: {v / GiB * 1e6:.3g}" for k, v in sorted(self.batch.costs.items())) + " GiB*us)")
+            costs = ", ".join(f"{k}: {v / GiB * 1e6:.3g}" for k, v in sorted(self.batch.costs.items()))
+            self.log(f"[batch] settled at B={bd.batch} " + (f"(cost per example by size: {costs} GiB*us)" if costs
+                                                             else "(no size was measured)"))
             b = self.batch
             if b.over_budget:
                 self.log(f"[batch] exploring stopped: a new size costs about {b.switch_s:.1f} s once "
