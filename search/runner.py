@@ -28,10 +28,12 @@ from triaccel.search.tuner import (check_finished, new_tuner, quiet_tune_failure
 
 def run_search(space_path: str, name: str | None = None, trials: int | None = None, concurrency: int | None = None,
                gpus_per_trial: float | None = None, address: str | None = None, confirm: int | None = None,
-               fresh_baselines: bool = False, warm_start: str | None = None, warm_start_k: int | None = None) -> dict:
+               fresh_baselines: bool = False, warm_start: str | None = None, warm_start_k: int | None = None,
+               source: str | None = None) -> dict:
     """Start a new search: the space and every option checked, the store checked and the name claimed
-    (its state written under the driver lock), then the search run to its finish."""
-    space = load_space(space_path)  # every error surfaces here, before Ray starts
+    (its state written under the driver lock), then the search run to its finish. ``source``: what to call the
+    space where the file is not the user's (load_space)."""
+    space = load_space(space_path, source)  # every error surfaces here, before Ray starts
     check_confirm(confirm)
     if warm_start_k is not None and warm_start is None:
         raise ConfigError("--warm-start-k: needs --warm-start NAME (the search whose best trials start this one)")

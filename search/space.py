@@ -552,11 +552,13 @@ def shipped_spaces() -> list[str]:
     return sorted(f.name[:-5] for f in resources.files("triaccel.spaces").iterdir() if f.name.endswith(".yaml"))
 
 
-def load_space(path: str) -> SearchSpace:
+def load_space(path: str, source: str | None = None) -> SearchSpace:
+    """The space in the YAML file ``path``; ``source``: what its messages and the search's state call it, where
+    that is not the file (a space the Python API wrote out for a dict or for functions handed to it)."""
     p = resolve_space_path(path)
     data = read_yaml(p)  # one line for what cannot be read (permissions, /proc files, pipes)
     try:
         raw = p.read_bytes()  # for the space's sha256, once read_yaml has accepted it
     except OSError as e:
         raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
-    return parse_space(data, source=str(path), sha256=hashlib.sha256(raw).hexdigest(), strict=True)
+    return parse_space(data, source=source or str(path), sha256=hashlib.sha256(raw).hexdigest(), strict=True)

@@ -575,6 +575,26 @@ def test_two_lambdas_handed_at_once_stay_apart_and_a_later_call_replaces_its_own
     assert model_ref.endswith("._lambda_") and data_ref == "callable:data." + model_ref[len("callable:"):]
 
 
+def test_a_bad_space_handed_to_the_python_api_is_named_as_the_user_handed_it(tmp_path, monkeypatch):
+    """A dict, or a file with functions, is written to a temporary YAML for the search: its errors named that
+    file (/tmp/triaccel-space-.../apibad.yaml), which the user never wrote."""
+    import triaccel
+    from triaccel.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    space = {"name": "apibad", "trials": 2, "bogus": 1, "train": {"device": "cpu"},
+             "params": {"optim.lr": {"distribution": "loguniform", "low": 0.01, "high": 0.1}}}
+    with pytest.raises(ConfigError) as e:
+        triaccel.search(space)
+    assert str(e.value).startswith("space 'apibad' (a dict handed to triaccel.search): bogus: unknown key"), e.value
+    (tmp_path / "apibad.yaml").write_text(yaml.safe_dump(space))
+    with pytest.raises(ConfigError) as e:
+        triaccel.search("apibad.yaml", model=lambda num_classes: nn.Linear(4, num_classes))
+    assert str(e.value).startswith("apibad.yaml (with the functions handed to triaccel.search): bogus: unknown key"), \
+        e.value
+    assert not (tmp_path / "mlruns").exists()
+
+
 def test_a_built_model_handed_as_the_factory_is_one_line_naming_the_fix():
     """model=nn.Linear(20, 4), a notebook's natural slip: it was called as its own factory and failed with
     "Linear.forward() missing 1 required positional argument"."""

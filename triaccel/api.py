@@ -150,12 +150,14 @@ def _close_failed(logger, trainer, e: BaseException) -> None:
         raise KeyboardInterrupt from None
 
 
-def _space_file(space: str | os.PathLike | dict, model, data) -> tuple[str, Optional[tempfile.TemporaryDirectory]]:
-    """A space path as given, or (a dict, or a path with factories to set) written to a temporary YAML."""
+def _space_file(space: str | os.PathLike | dict, model,
+                data) -> tuple[str, Optional[tempfile.TemporaryDirectory], Optional[str]]:
+    """A space path as given, or (a dict, or a path with factories to set) written to a temporary YAML, and
+    what messages and the search's state call it then (not the temporary file, which the user never wrote)."""
     import yaml
 
     if not isinstance(space, dict) and model is None and data is None:
-        return str(space), None
+        return str(space), None, None
     from triaccel.config import read_yaml
 
     raw = dict(space) if isinstance(space, dict) else read_yaml(space)
@@ -166,7 +168,9 @@ def _space_file(space: str | os.PathLike | dict, model, data) -> tuple[str, Opti
     d = tempfile.TemporaryDirectory(prefix="triaccel-space-")
     p = Path(d.name) / f"{name}.yaml"
     p.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return str(p), d
+    said = f"space '{name}' (a dict handed to triaccel.search)" if isinstance(space, dict) else \
+        f"{space} (with the functions handed to triaccel.search)"
+    return str(p), d, said
 
 
 def search(space: str | os.PathLike | dict, model: Callable | str | None = None, data: Callable | str | None = None,
@@ -180,7 +184,7 @@ def search(space: str | os.PathLike | dict, model: Callable | str | None = None,
     ``warm_start_k`` feasible trials run first; ``fresh_baselines`` re-measures reusable baselines."""
     from triaccel.search.runner import run_search
 
-    path, tmp = _space_file(space, model, data)
+    path, tmp, said = _space_file(space, model, data)
     try:
         if name is None and (isinstance(space, dict) or model is not None or data is not None):
             from triaccel.config import read_yaml
@@ -188,7 +192,7 @@ def search(space: str | os.PathLike | dict, model: Callable | str | None = None,
             name = read_yaml(path).get("name") or Path(path).stem
         out = run_search(path, name=name, trials=trials, concurrency=concurrency, gpus_per_trial=gpus_per_trial,
                          address=address, confirm=confirm, fresh_baselines=fresh_baselines,
-                         warm_start=warm_start, warm_start_k=warm_start_k)
+                         warm_start=warm_start, warm_start_k=warm_start_k, source=said)
     finally:
         if tmp is not None:
             tmp.cleanup()
