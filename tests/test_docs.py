@@ -85,3 +85,23 @@ def test_readme_example_is_the_file_the_tests_run():
     block = readme.split("<!-- example: docs/examples/notebook.py -->\n```python\n", 1)[1].split("```\n<!-- /example -->")[0]
     code = (ROOT / "docs" / "examples" / "notebook.py").read_text()
     assert block == code[code.index("import torch"):].rstrip() + "\n"
+
+
+def test_readme_commands_block_names_every_option_of_every_command():
+    """README's Commands block is the user's summary of the CLI: each command's options there are its parser's
+    (it had lost --storage of four commands, extend's --address and profile's --set)."""
+    from triaccel.cli import build_parser
+
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"## Commands\n+```bash\n(.*?)```", text, re.S).group(1)
+    said: dict[str, set] = {}
+    cmd = None
+    for line in block.splitlines():
+        if line.startswith("triaccel "):
+            cmd = line.split()[1]
+        said.setdefault(cmd, set()).update(re.findall(r"--[a-z][a-z-]*", line))
+    parsers = build_parser().commands
+    assert set(said) == set(parsers), (sorted(said), sorted(parsers))
+    for name, p in parsers.items():
+        flags = {s for a in p._actions for s in a.option_strings if s.startswith("--") and s != "--help"}
+        assert said[name] == flags, (name, sorted(said[name] ^ flags))
