@@ -24,7 +24,9 @@ def list_searches() -> list[dict]:
             space = saved_space(st)
             open_store(state_store(st), write=False)  # listing only reads
             o = read_outcome(name, space, state_store(st))
-            item.update(finished=len(o.ranked), failed=len(o.failed), feasible=len(o.feasible),
+            # done: every trial that has ended, ASHA's early stops included (they are not left to run)
+            item.update(finished=len(o.ranked) + len(o.stopped) + len(o.failed), failed=len(o.failed),
+                        feasible=len(o.feasible),
                         search_finished=search_finished(name, state_store(st)))
             # what `export` would write (results.pick), not the best trial: where nothing feasible beats the
             # baseline, export writes the baseline, and the listing must not show a trial's score or '-'

@@ -106,6 +106,11 @@ def test_ctrl_c_mid_search_is_no_finished_search_and_resume_finishes_it(tmp_path
     assert not [r for r in all_runs if r.info.status == "RUNNING"]
 
     before = [ln for ln in out.splitlines() if ln.startswith("trial ")]
+    # the listing counts as done every trial that ended, ASHA's early stops included (it read 0/2 for a
+    # stopped search whose one ended trial ASHA had stopped); the trials Ctrl-C ended are not done
+    r = cli("searches", cwd=tmp_path)
+    row = next(ln.split() for ln in r.stdout.splitlines() if ln.startswith("i "))
+    assert r.returncode == 0 and f"{len(before)}/4" in row, (before, r.stdout)
     r = cli("resume", "i", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "export the best" in r.stdout
