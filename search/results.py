@@ -264,7 +264,9 @@ def pick(o: Outcome, objective: str, how: str) -> Pick:
         if best is not None and (o.reference is None or best.ratio > 1.0):
             return Pick("trial", best.row, best.measured, "best feasible trial")
         if o.reference is not None:
-            why = ("no trial finished all epochs" if not o.ranked else
+            why = ("every trial failed (each one's reason is on its line and in its MLflow run)"
+                   if o.failed and len(o.failed) == o.trials else
+                   "no trial finished all epochs" if not o.ranked else
                    "no trial kept validation accuracy within the margin" if best is None else
                    f"the best feasible trial scored {best.ratio:.2f}x the baseline")
             return Pick("baseline", o.reference, o.reference["metrics"], f"nothing feasible beat the baseline: {why}")

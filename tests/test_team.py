@@ -645,6 +645,7 @@ def test_a_node_that_joins_after_the_check_without_the_folder_fails_its_trial_be
         f"StorageError: Ray node {node_b[:12]} at ") and f"does not reach the search's Tune folder {folder} " in line, \
         said[-3000:]
     assert rc == 0 and no_traceback(said), (rc, said[-3000:])  # a failed trial ends no search
+    assert "nothing feasible beat the baseline: every trial failed" in said, said[-3000:]
     _, runs = runs_of(uri, "late", "trial")
     assert len(runs) == 1 and runs[0].info.status == "FAILED", [r.info.status for r in runs]
     # its run says where it failed: the node could write no file naming itself to the storage it lacks
