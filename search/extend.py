@@ -91,12 +91,12 @@ def _extend(name: str, state: dict, trials: int, address: str | None, confirm: i
     from triaccel.tracking import log_metrics
 
     space = saved_space(state)
-    from triaccel.userref import check_user_code, use_runtime_env
-
-    use_runtime_env(state.get("runtime_env"))  # the user's code where the search found it, from any folder
-    check_user_code(space)  # as resume: before Ray starts, code changed since, or functions not handed again
     bounded_http_retries()
     uri = check_can_extend(name, trials, state)
+    from triaccel.userref import check_user_code, use_runtime_env
+
+    use_runtime_env(state.get("runtime_env"), "extend")  # the user's code where the search found it, from any folder
+    check_user_code(space)  # as resume: before Ray starts, code changed since, or functions not handed again
     check_cluster(name, address, state, "extend", f"--trials {trials}")
     reach_search_folder(name, address, state, "extend", f"--trials {trials}")
     c, exp = open_store(uri)

@@ -219,7 +219,7 @@ def _resume(name: str, state: dict, address: str | None, confirm: int | None, as
         init_ray(address or state.get("address"), runtime_env=state.get("runtime_env"))
         quiet_tune_failures()
         if restore:
-            trainable = trial_trainable(space, state["shared"], ref_curve)
+            trainable = trial_trainable(space, state["shared"], ref_curve, folder)
             tuner = tune.Tuner.restore(str(folder), trainable=trainable,
                                        resume_unfinished=True, resume_errored=False, restart_errored=False)
         else:  # stopped before Tune saved its first state (in the baselines or Tune's start-up): trials start now

@@ -144,24 +144,30 @@ def trial_threads() -> int:
 
 
 def run_trial(config: dict, space_data: dict, shared: int, gpu_fraction: float, ref_curve: list | None = None,
-              margin: float = 0.0, factories: dict | None = None, workdir: str | None = None) -> None:
+              margin: float = 0.0, factories: dict | None = None, reach: tuple[str, str] | None = None,
+              workdir: tuple[str, str] | None = None) -> None:
     """One trial: ``config`` holds Optuna's sample; the fixed settings come from the space.
     ``factories``: the model and data functions handed to triaccel.search from Python, by reference.
-    ``workdir``: the folder the search's command runs in."""
+    ``reach``: the marker the driver wrote into the search's Tune folder and what it holds (check_storage).
+    ``workdir``: the folder the search's command runs in and the Ray node it runs on."""
     from ray import tune
 
-    check_storage()  # before anything is written or trained; not kept for a retry, which may land on another node
-    record_node()
-    # Tune starts each trial in a folder of its own; the trial runs where the command runs, where it exists on
-    # this node: a relative path in the user's init_args means here what it meant to the driver's check of
-    # the user's code and to the baselines. Nothing of the trial's own is written relative to it.
-    if workdir and os.path.isdir(workdir):
-        os.chdir(workdir)
     # Tune re-runs a failed trial once (tuner.TRIAL_RETRIES) for a worker or node that was lost; an error the
-    # trial raised itself (Diverged, the user's code) would only repeat, so a retry re-raises it at once
+    # trial raised itself (Diverged, the user's code) would only repeat, so a retry re-raises it at once, first
+    # (on a node that does not reach the storage, the storage's error would hide it)
     failed = Path(tune.get_context().get_trial_dir()) / FAILED_FILE
     if failed.is_file():
+        with contextlib.suppress(StorageError):
+            record_node()
         raise TrialFailed(failed.read_text())
+    check_storage(reach)  # before anything is written or trained; not kept for a retry, which may land elsewhere
+    record_node()
+    # Tune starts each trial in a folder of its own. On the command's own node the trial runs where the command
+    # runs: a relative path in the user's init_args means there what it meant to the driver's check of the
+    # user's code and to the baselines. Another node's folder of that path may hold something else: not there.
+    # Nothing of the trial's own is written relative to it.
+    if workdir and workdir[1] == ray_node_id() and os.path.isdir(workdir[0]):
+        os.chdir(workdir[0])
     try:
         _train_trial(config, space_data, shared, gpu_fraction, ref_curve, margin, factories)
     except Exception as e:
@@ -181,29 +187,25 @@ class StorageError(RuntimeError):
     """The trial's node does not see the search's Tune folder (``check_storage``)."""
 
 
-def check_storage() -> None:
+REACH_FILE = ".triaccel_trials_reach"  # in the search's Tune folder: written by the driver as the trials start
+
+
+def check_storage(reach: tuple[str, str] | None) -> None:
     """The search checks that every node reaches its Tune folder as it starts (cluster.check_nodes_reach). A
     node that joins the cluster later may have no such folder, a disk of its own there, or a read-only one:
     Ray finds out only as the trial saves its first checkpoint, after an epoch of training, and that epoch is
-    lost. Here the trial looks, before it trains, for the marker Ray's driver wrote into the experiment folder
-    (the file Ray checks at that checkpoint), and fails in one line naming its node where it is not there."""
-    from ray import tune
-
-    try:
-        from ray.train._internal.storage import _VALIDATE_STORAGE_MARKER_FILENAME as marker
-        from pyarrow.fs import FileType
-    except ImportError:  # a Ray that moved its marker: its own check at the first checkpoint stands
+    lost. Here the trial reads, before it trains, the marker the driver wrote into the folder (``reach``: its
+    path and the token it holds), and fails in one line naming its node where it is not there."""
+    if reach is None:
         return
-    st = tune.get_context().get_storage()
-    if st is None:
-        return
+    path, token = reach
     try:
-        seen = st.storage_filesystem.get_file_info(f"{st.experiment_fs_path}/{marker}").type != FileType.NotFound
+        seen = Path(path).read_text() == token
     except OSError:
         seen = False
     if not seen:
         raise StorageError(
-            f"Ray node {node_named(ray_node_id())} does not reach the search's Tune folder {st.experiment_fs_path} "
+            f"Ray node {node_named(ray_node_id())} does not reach the search's Tune folder {Path(path).parent} "
             f"(the search checked the nodes alive as it started: this one joined later, or lost the folder since): "
             f"the trial trained nothing there; give that node the shared disk at the same path, or stop it")
 

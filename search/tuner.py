@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from pathlib import Path
 
-from triaccel.errors import Interrupted, TriAccelError
+from triaccel.errors import ConfigError, Interrupted, TriAccelError
 from triaccel.search.cluster import gpu_share, on_gpu
 from triaccel.search.space import FOLLOWS, NEAR, START, SearchSpace, start_points
 from triaccel.search.state import EXPERIMENT, again, extension_folders, tune_root
@@ -104,19 +105,30 @@ def new_searcher(space: SearchSpace, seeds=(), ref: dict | None = None):
     return ConcurrencyLimiter(alg, max_concurrent=space.concurrency)
 
 
-def trial_trainable(space: SearchSpace, shared: int, ref_curve: list | None):
+def trial_trainable(space: SearchSpace, shared: int, ref_curve: list | None, folder: Path):
+    """The trials' Tune trainable; ``folder``: the search's Tune folder for this run of Tune (an extension's
+    own), where the trials find the marker written here (trainable.check_storage)."""
+    import ray
     from ray import tune
 
-    from triaccel.search.trainable import run_trial, trial_class
+    from triaccel.search.trainable import REACH_FILE, run_trial, trial_class
 
     res = {"cpu": space.cpus_per_trial}
     if on_gpu(space):
         res["gpu"] = space.gpus_per_trial
     from triaccel.userref import shipped
 
+    token = secrets.token_hex(8)  # this driver's: a file of the same name in another folder is not it
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / REACH_FILE).write_text(token)
+    except OSError as e:
+        raise ConfigError(f"{folder}: cannot write the search's Tune folder ({e.strerror or e})") from None
     fn = tune.with_parameters(run_trial, space_data=space.raw, shared=shared,
                               gpu_fraction=space.gpus_per_trial if on_gpu(space) else 1.0,
-                              ref_curve=ref_curve, margin=space.margin, factories=shipped(), workdir=os.getcwd())
+                              ref_curve=ref_curve, margin=space.margin, factories=shipped(),
+                              reach=(str(folder / REACH_FILE), token),
+                              workdir=(os.getcwd(), ray.get_runtime_context().get_node_id()))
     return tune.with_resources(trial_class(fn), res)
 
 
@@ -194,7 +206,7 @@ def new_tuner(space: SearchSpace, name: str, uri: str, shared: int, ref_curve: l
     else:  # ASHA needs one metric: off for the multi-objective search
         sched = FIFOScheduler()
     return tune.Tuner(
-        trial_trainable(space, shared, ref_curve),
+        trial_trainable(space, shared, ref_curve, tune_dir or tune_root() / name),
         tune_config=tune.TuneConfig(search_alg=searcher, scheduler=sched,
                                     num_samples=space.trials,
                                     trial_dirname_creator=lambda t: t.trial_id, reuse_actors=False),

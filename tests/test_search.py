@@ -242,6 +242,29 @@ def test_a_run_deleted_in_the_ui_is_named_by_export_not_silently_skipped(searche
         c.restore_run(first["mlflow_run_id"])
 
 
+def test_the_listing_of_a_search_not_finished_counts_every_ended_trial_as_done(searched, tmp_path):
+    """`done` of a search that has not finished counted only the trials that ran every epoch: a stopped search
+    whose one ended trial ASHA had stopped read 0/2. Here the finished search's copy, its parent run marked
+    KILLED (stopped before its end): every trial ended, failed and stopped early included."""
+    import shutil
+
+    d, _ = searched
+    state = json.loads((d / "mlruns" / "tune" / "t1" / "triaccel_search.json").read_text())
+    (tmp_path / "mlruns" / "tune" / "t1").mkdir(parents=True)
+    shutil.copyfile(d / "mlruns" / "mlflow.db", tmp_path / "mlruns" / "mlflow.db")
+    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    (tmp_path / "mlruns" / "tune" / "t1" / "triaccel_search.json").write_text(
+        json.dumps(dict(state, tracking_uri=uri)))
+    c, (parent,) = trial_runs(tmp_path, "t1", "parent")
+    c.set_terminated(parent.info.run_id, status="KILLED")
+    _, trials = trial_runs(tmp_path, "t1")
+    ended = [t for t in trials if t.info.status in ("FINISHED", "FAILED")]
+    assert any(t.info.status == "FAILED" for t in trials) and len(ended) == len(trials) == SPACE["trials"]
+    r = cli("searches", cwd=tmp_path)
+    row = next(ln.split() for ln in r.stdout.splitlines() if ln.startswith("t1 "))
+    assert r.returncode == 0 and f"{len(ended)}/{SPACE['trials']}" in row, r.stdout
+
+
 def test_listing_and_name_collision_lose_nothing(searched):
     d, _ = searched
     r = cli("searches", cwd=d)

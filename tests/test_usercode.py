@@ -595,17 +595,32 @@ def test_a_bad_space_handed_to_the_python_api_is_named_as_the_user_handed_it(tmp
     assert not (tmp_path / "mlruns").exists()
 
 
-def test_a_built_model_handed_as_the_factory_is_one_line_naming_the_fix():
+def test_a_built_model_handed_as_the_factory_is_one_line_naming_the_fix(tmp_path, monkeypatch):
     """model=nn.Linear(20, 4), a notebook's natural slip: it was called as its own factory and failed with
-    "Linear.forward() missing 1 required positional argument"."""
+    "Linear.forward() missing 1 required positional argument"; also where resume and extend take it again."""
+    import json
+
     import triaccel
     from triaccel.errors import ConfigError
 
+    said = ("model: got a built Linear; hand the class or function that builds it (each run builds its own, sized "
+            "to the data: model=Linear or model=make_model)")
     base = {"mode": "fp32", "epochs": 1, "batch_size": 32, "device": "cpu", "tracking": {"enabled": False}}
     with pytest.raises(ConfigError) as e:
         triaccel.train(base, model=nn.Linear(64, 10), data=lambda: tiny_data(tensors=True))
-    assert str(e.value) == ("model: got a built Linear; hand the class or function that builds it (each run builds "
-                            "its own, sized to the data: model=Linear or model=make_model)")
+    assert str(e.value) == said
+    # a search started from a notebook, its model handed again to another process
+    monkeypatch.setenv("TRIACCEL_TUNE_DIR", str(tmp_path / "tune"))
+    (tmp_path / "tune" / "nb").mkdir(parents=True)
+    (tmp_path / "tune" / "nb" / "triaccel_search.json").write_text(json.dumps(
+        {"space": {"name": "nb", "trials": 2, "train": {"model": {"class_path": "callable:make_model"}}},
+         "source": "nb", "sha256": "0" * 64, "tracking_uri": f"sqlite:///{tmp_path}/none.db"}))
+    for again in (lambda: triaccel.resume("nb", model=nn.Linear(64, 10)),
+                  lambda: triaccel.extend("nb", 2, model=nn.Linear(64, 10))):
+        with pytest.raises(ConfigError) as e:
+            again()
+        assert str(e.value) == said
+    assert not (tmp_path / "none.db").exists()
 
 
 @pytest.mark.parametrize("targets,said", [

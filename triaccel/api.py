@@ -227,12 +227,13 @@ def extend(name: str, trials: int, model: Callable | str | None = None, data: Ca
 def _hand_again(name: str, model, data) -> None:
     """The functions a search was started with, handed again in this process (they have no import path)."""
     from triaccel.search.state import read_state
-    from triaccel.userref import CALLABLES, is_callable_ref
+    from triaccel.userref import CALLABLES, check_factory, is_callable_ref
 
     train = read_state(name)["space"].get("train") or {}
     for section, fn in (("model", model), ("data", data)):
         ref = (train.get(section) or {}).get("class_path")
         if fn is not None and is_callable_ref(ref) and not isinstance(fn, str):
+            check_factory(fn, section)
             CALLABLES[ref] = fn
 
 

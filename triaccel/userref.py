@@ -31,13 +31,7 @@ def reference_of(fn: Callable | str, what: str) -> str:
     remembered in CALLABLES."""
     if isinstance(fn, str):
         return fn
-    if not callable(fn):
-        raise ConfigError(f"{what}: must be a callable or an import path string, got {type(fn).__name__}")
-    torch = sys.modules.get("torch")  # a built model is callable too: it would be called as its own factory
-    if torch is not None and isinstance(fn, torch.nn.Module):
-        raise ConfigError(f"{what}: got a built {type(fn).__name__}; hand the class or function that builds it "
-                          f"(each run builds its own, sized to the data: {what}={type(fn).__name__} or "
-                          f"{what}=make_{what})")
+    check_factory(fn, what)
     mod, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
     if mod and qual and mod != "__main__" and "<" not in qual and getattr(sys.modules.get(mod), "__file__", None):
         ref = f"{mod}:{qual}"
@@ -55,6 +49,18 @@ def reference_of(fn: Callable | str, what: str) -> str:
     CALLABLES[ref] = fn
     _HANDED_AS[ref] = what
     return ref
+
+
+def check_factory(fn: Callable, what: str) -> None:
+    """``fn`` can be handed as the factory of ``what`` (model, data): a callable, and not a built model, which
+    is callable too and would be called as its own factory."""
+    if not callable(fn):
+        raise ConfigError(f"{what}: must be a callable or an import path string, got {type(fn).__name__}")
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(fn, torch.nn.Module):
+        raise ConfigError(f"{what}: got a built {type(fn).__name__}; hand the class or function that builds it "
+                          f"(each run builds its own, sized to the data: {what}={type(fn).__name__} or "
+                          f"{what}=make_{what})")
 
 
 def is_callable_ref(ref: str | None) -> bool:
@@ -217,13 +223,13 @@ def runtime_env_for(refs: dict) -> dict | None:
     return {"py_modules": mods, "excludes": list(SHIP_EXCLUDES)} if mods else None
 
 
-def use_runtime_env(env: dict | None) -> None:
+def use_runtime_env(env: dict | None, verb: str = "resume") -> None:
     """This process imports what ``env`` ships (a resumed search started in another folder); code that
-    has gone since is one line naming it, not a traceback from Ray's upload."""
+    has gone since is one line naming it, not a traceback from Ray's upload. ``verb``: what the user runs."""
     for p in (env or {}).get("py_modules", []):
         if not os.path.exists(p):
             raise ConfigError(f"{p}: the search's own code (model.class_path / data.class_path) is gone from "
-                              f"there (moved or deleted): put it back to resume the search")
+                              f"there (moved or deleted): put it back to {verb} the search")
         parent = os.path.dirname(p.rstrip(os.sep))
         if parent and parent not in sys.path:
             sys.path.append(parent)
