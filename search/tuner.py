@@ -128,7 +128,9 @@ def trial_trainable(space: SearchSpace, shared: int, ref_curve: list | None, fol
                               gpu_fraction=space.gpus_per_trial if on_gpu(space) else 1.0,
                               ref_curve=ref_curve, margin=space.margin, factories=shipped(),
                               reach=(str(folder / REACH_FILE), token),
-                              workdir=(os.getcwd(), ray.get_runtime_context().get_node_id()))
+                              # the node: where the driver has joined Ray (asking before would start one)
+                              workdir=(os.getcwd(), ray.get_runtime_context().get_node_id()
+                                       if ray.is_initialized() else ""))
     return tune.with_resources(trial_class(fn), res)
 
 

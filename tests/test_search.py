@@ -300,7 +300,7 @@ def test_confirm_defaults_to_top_three_only_when_trials_shared_a_gpu(monkeypatch
     assert alone.default_confirm(None, shared=1) == 0  # one trial at a time: already measured alone
 
 
-def test_a_cpu_space_on_a_gpu_machine_asks_for_no_gpu(monkeypatch):
+def test_a_cpu_space_on_a_gpu_machine_asks_for_no_gpu(monkeypatch, tmp_path):
     """A space whose train.device is cpu, searched on a GPU machine: each trial asked Ray for a share of a
     GPU it never used (its trials ran a GPU's worth at a time) and was accounted as sharing the GPU."""
     from triaccel.errors import ConfigError
@@ -317,7 +317,7 @@ def test_a_cpu_space_on_a_gpu_machine_asks_for_no_gpu(monkeypatch):
                                None)
     assert cluster.shared_trials(cpu) == min(2, os.cpu_count()) and cluster.shared_trials(gpu) == 4
     assert cluster.gpu_share(cpu, 2) == 0.5 and cluster.gpu_share(gpu, 4) == 0.25
-    res = lambda sp: tuner.trial_trainable(sp, 2, None)  # noqa: E731 -- what Tune asks Ray for, per trial
+    res = lambda sp: tuner.trial_trainable(sp, 2, None, tmp_path)  # noqa: E731 -- what Tune asks Ray for
     from ray.tune.execution.placement_groups import PlacementGroupFactory
 
     def asks(sp):  # a trainable class (search.trainable.trial_class) asks through default_resource_request

@@ -120,12 +120,13 @@ def test_tune_state_planning_fewer_trials_than_the_space_is_refused_in_one_line(
     with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
     tune_dir = _kill_in_tune_start_up(tmp_path, "f")
     # what `triaccel resume` did before the fix, run for real: Tune restores tuner.pkl alone
-    old_resume = ("import sys\nfrom ray import tune\nfrom triaccel.search.cluster import init_ray\n"
-                  "from triaccel.search.state import read_state\nfrom triaccel.search.tuner import trial_trainable\n"
+    old_resume = ("import sys\nfrom pathlib import Path\nfrom ray import tune\n"
+                  "from triaccel.search.cluster import init_ray\nfrom triaccel.search.state import read_state\n"
+                  "from triaccel.search.tuner import trial_trainable\n"
                   "from triaccel.search.space import parse_space\nst = read_state('f')\n"
                   "sp = parse_space(st['space'], source=st['source'], sha256=st['sha256'])\ninit_ray(None)\n"
-                  "tune.Tuner.restore(sys.argv[1], trainable=trial_trainable(sp, st['shared'], None), "
-                  "resume_unfinished=True).fit()\n")
+                  "tune.Tuner.restore(sys.argv[1], resume_unfinished=True,\n"
+                  "                   trainable=trial_trainable(sp, st['shared'], None, Path(sys.argv[1]))).fit()\n")
     r = subprocess.run([sys.executable, "-c", old_resume, str(tune_dir)], cwd=tmp_path, capture_output=True,
                        text=True, timeout=600, env=user_env())
     assert r.returncode == 0, r.stderr[-3000:]
