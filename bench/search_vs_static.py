@@ -14,6 +14,9 @@ Reported: per run and seed val acc, epoch time (mean of the last 5), peak memory
 mean +- std over seeds; the ratio exported / best static (by mean efficiency) and the
 accuracy difference. ``--tuned FILE`` skips the search and trains FILE; ``--search-only`` stops
 after the export (the exported config is written beside ``--out``, for a later ``--tuned``).
+``--process-per-run`` trains each run in a process of its own, as a user's ``triaccel train`` does: no
+run meets the cuDNN plan cache, compiled code or allocator another run left (in one process, a
+convolution's kernel is chosen by the first run that meets its shape and dtype, for every later run).
 ``--resume FILE`` continues a comparison that one device command could not finish (its 600 s limit):
 the runs in FILE stay, the rest are trained, each run records which command (``part``) trained it.
 """
@@ -110,6 +113,37 @@ def warm_run(d: dict, epochs: int) -> None:
         print(f"--- warm-up run diverged ({e}): discarded as planned", flush=True)
 
 
+def train_isolated(d: dict, seed: int) -> dict:
+    """``train(d, seed)`` in a new Python process (``--one-run``): its result, or Diverged raised here."""
+    import tempfile
+
+    from triaccel.trainer import Diverged
+
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Path(tmp) / "run.json"
+        job.write_text(json.dumps({"config": d, "seed": seed}))
+        r = subprocess.run([sys.executable, "-u", __file__, "--one-run", str(job)], text=True)
+        out = job.with_suffix(".out.json")
+        if r.returncode or not out.is_file():
+            sys.exit(f"a run in its own process failed (exit {r.returncode}): its output is above")
+        res = json.loads(out.read_text())
+    if "diverged" in res:
+        raise Diverged(res["diverged"])
+    return res
+
+
+def one_run(job: str) -> None:
+    """The child of train_isolated: train the job's config at its seed, write the result beside it."""
+    from triaccel.trainer import Diverged
+
+    j = json.loads(Path(job).read_text())
+    try:
+        r = train(j["config"], j["seed"])
+    except Diverged as e:
+        r = {"diverged": str(e)}
+    Path(job).with_suffix(".out.json").write_text(json.dumps(r))
+
+
 def stats(xs):
     return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
 
@@ -146,6 +180,9 @@ def parse_args():
                     help="an earlier --out of this comparison (a device command that reached its time limit): "
                          "keep its runs and train only the (run, seed) pairs it lacks. Refused unless its epochs, "
                          "space, start point or export, GPU and git revision are this command's")
+    ap.add_argument("--process-per-run", action="store_true",
+                    help="train each run in a new process, as a user runs it (no warm-up run then): nothing of "
+                         "one run's cuDNN plan cache, compiled code or allocator reaches another")
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE[,KEY=VALUE]",
                     help="also train the exported config with these dotted settings changed, as run "
                          "'exported LABEL', interleaved seed by seed (repeatable)")
@@ -284,7 +321,9 @@ def resumed(path: str, res: dict, plan: list) -> list:
     except (OSError, ValueError) as e:
         sys.exit(f"--resume {path}: cannot read it ({type(e).__name__}: {e})")
     here = env()
-    for key, mine in (("epochs", res["epochs"]), ("space", res["space"]), ("provenance", res.get("provenance"))):
+    old.setdefault("isolation", "one process, after a warm-up run")  # files from before --process-per-run
+    for key, mine in (("epochs", res["epochs"]), ("space", res["space"]), ("provenance", res.get("provenance")),
+                      ("isolation", res["isolation"])):
         if old.get(key) != mine:
             sys.exit(f"--resume {path}: its {key} is {old.get(key)!r}, this command's {mine!r}")
     for key in ("gpu", "git_rev"):
@@ -353,7 +392,8 @@ def main():
     if args.resume and args.tuned is None and args.start is None:
         sys.exit("--resume needs --tuned or --start: a new search could export another config than the one resumed")
     space = read_space(args)
-    res = {"what": __doc__.split("\n\n")[0], "epochs": args.epochs, "space": args.space, "runs": {}}
+    res = {"what": __doc__.split("\n\n")[0], "epochs": args.epochs, "space": args.space, "runs": {},
+           "isolation": "a process per run" if args.process_per_run else "one process, after a warm-up run"}
     if args.start is not None:
         args.tuned = str(start_point(space, args.start, work, args.space))
     if args.tuned is None:
@@ -377,12 +417,13 @@ def main():
             write(args.out, res)
             return
     from triaccel.trainer import Diverged
-    warm_run(plan[0][1], args.warm_epochs)
+    if not args.process_per_run:
+        warm_run(plan[0][1], args.warm_epochs)
     part = len(res.get("earlier", []))  # which command trained a run: 0 the first, 1 its first resume, ...
     for label, d, seed in plan:
         print(f"--- {label} seed {seed}", flush=True)
         try:
-            r = train(d, seed)
+            r = train_isolated(d, seed) if args.process_per_run else train(d, seed)
         except Diverged as e:  # a run that diverges is a result (a static fp16 run can): kept, out of the means
             print(label, seed, f"diverged: {e}", flush=True)
             r = {"diverged": str(e)}
@@ -395,4 +436,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--one-run"]:
+        one_run(sys.argv[2])
+    else:
+        main()

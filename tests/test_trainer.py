@@ -333,15 +333,21 @@ def test_channels_last_auto_is_off_on_cpu_and_explicit_setting_wins():
     assert t.channels_last and x.is_contiguous(memory_format=torch.channels_last)
 
 
-def test_cudnn_autotuning_is_off_only_while_the_batch_is_elastic():
+def test_cudnn_autotuning_is_off_at_the_start_only_under_the_paper_batch_rule():
+    """Autotuning on later tunes nothing already met (torch's cuDNN plan cache keeps the untuned
+    choice): a run is tuned from its first step as static AMP is, unless its batch moves every window."""
     from triaccel.trainer import cudnn_benchmark_for
 
     assert cudnn_benchmark_for(small_cfg(mode="amp"))
-    assert not cudnn_benchmark_for(small_cfg(mode="triaccel"))  # memory-elastic batch on by default
-    assert not cudnn_benchmark_for(small_cfg(**{"mode": "triaccel", "triaccel.batch.enabled": False}))  # the plan moves
-    assert cudnn_benchmark_for(small_cfg(**{"mode": "triaccel", "triaccel.batch.enabled": False,
-                                            "triaccel.precision.enabled": False}))
-    assert cudnn_benchmark_for(small_cfg(**{"mode": "triaccel", "cudnn_benchmark": True}))
+    assert cudnn_benchmark_for(small_cfg(mode="triaccel"))  # the score policy's batch: tuned once per size
+    assert cudnn_benchmark_for(small_cfg(**{"mode": "triaccel", "triaccel.batch.enabled": False}))
+    assert not cudnn_benchmark_for(small_cfg(**{"mode": "triaccel", "triaccel.batch.policy": "paper"}))
+    assert not cudnn_benchmark_for(small_cfg(**{"mode": "triaccel", "triaccel.policy": "paper"}))
+    assert cudnn_benchmark_for(small_cfg(**{"mode": "triaccel", "triaccel.policy": "paper",
+                                            "triaccel.batch.enabled": False}))
+    assert cudnn_benchmark_for(small_cfg(**{"mode": "triaccel", "triaccel.batch.policy": "paper",
+                                            "cudnn_benchmark": True}))
+    assert not cudnn_benchmark_for(small_cfg(mode="amp", cudnn_benchmark=False))
 
 
 def test_apply_is_the_only_writer_of_the_adaptive_state():

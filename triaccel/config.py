@@ -496,10 +496,10 @@ class TrainConfig:
     # NHWC activations and weights. null (default): on for conv models on CUDA, where an H200 runs the
     # step 1.7-2x as fast as NCHW at batch 512 (bench/results/profile/h200_step_breakdown.json), off on CPU.
     channels_last: Optional[bool] = None
-    # cuDNN autotuning. null (default): on for a fixed batch (an H200, channels_last, B=512 bf16: 52.9k
-    # against 43.7k img/s untuned), off while the memory-elastic batch moves, since every new batch
-    # size is tuned again (fp32 B=512 NCHW first epoch: 7.9 s tuned, 2.7 s untuned;
-    # bench/results/archive/baselines/h200_baselines_bs512*.json).
+    # cuDNN autotuning. null (default): on from the first step, as static AMP runs, except under the
+    # paper's batch rule (a new size every window): there on once the batch and the plan settle. Turning
+    # it on later tunes nothing already met: torch's cuDNN plan cache keeps the untuned choice
+    # (triaccel.device.cudnn_benchmark_for).
     cudnn_benchmark: Optional[bool] = None
     # Record each micro-batch's forward + loss + backward as a CUDA graph and replay it
     # (triaccel.capture): one launch instead of ~300 per ResNet-18 step. CUDA only (a CPU run logs

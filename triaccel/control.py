@@ -140,11 +140,10 @@ class TriAccelLoop(Callback):
         # a window in which a new precision plan took effect is not measured (its first steps carry the
         # plan's new kernels and, into fp16, the GradScaler's skipped steps)
         self.win_disturbed = False
-        # cudnn_benchmark: null is off while the batch or the plan can still move (every new shape or
-        # dtype would be tuned: EfficientNet-B0 at 224 px, 29 s per set on an H200) and on once both have
-        # settled. Switching it on tunes only shapes met afterwards (the short last batch, evaluation):
-        # torch's cuDNN plan cache keeps the untuned choice of every shape already met
-        # (bench/results/effnet224/cudnn_retune/)
+        # cudnn_benchmark: null is on from the first step (triaccel.device.cudnn_benchmark_for) except
+        # under the paper's batch rule, whose size moves every window: there it is off until the batch
+        # and the plan settle. Switching it on then tunes only shapes met afterwards (the short last
+        # batch, evaluation): torch's cuDNN plan cache keeps the untuned choice of every shape already met
         self.autotune_due = tr.device.type == "cuda" and tr.cfg.cudnn_benchmark is None \
             and not torch.backends.cudnn.benchmark
         self.plan_stable = self.prec is None

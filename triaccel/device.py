@@ -72,13 +72,22 @@ def cublas_workspace(mib: int | None, log=print):
 
 
 def cudnn_benchmark_for(cfg: TrainConfig) -> bool:
-    """cudnn_benchmark at the start, resolved: null autotunes a fixed batch and a fixed precision, not
-    those the controllers move (each new batch size or layer dtype would be tuned again): with the
-    batch or the precision controller on, the control loop turns it on once both have settled."""
+    """cudnn_benchmark at the start, resolved. null autotunes from the first step, as static AMP does,
+    unless the batch controller follows the paper's rule (its size moves every window, and each new
+    size would be tuned again): then the control loop turns it on once the batch and the plan settle.
+
+    From the first step because turning it on later tunes nothing already met: torch's cuDNN plan
+    cache keys a convolution by shape, dtype, layout, deterministic and allow_tf32, not by
+    benchmark, and keeps the untuned choice of every shape run before (bench/results/effnet224/
+    cudnn_retune/). A run that met its shapes untuned kept heuristic kernels for good, while the
+    static run it is judged against was tuned (EfficientNet-B0 at 32 px on an H100: 2.19 s epochs
+    untuned against 1.36-1.63 s tuned; bench/results/effnet_b0/h100_start3_16ep.json). Under the
+    score policy a new batch size or layer dtype is tuned once, and that cost is in what the batch
+    controller measures before it explores further (triaccel.batch.explore_budget)."""
     if cfg.cudnn_benchmark is not None:
         return cfg.cudnn_benchmark
-    t = cfg.triaccel
-    return not (cfg.mode == "triaccel" and (t.batch.enabled or t.precision.enabled))
+    b = cfg.triaccel.batch
+    return not (cfg.mode == "triaccel" and b.enabled and b.policy == "paper")
 
 
 def seed_everything(seed: int) -> None:
