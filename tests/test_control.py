@@ -201,6 +201,33 @@ def test_bf16_master_weights_train_as_fp32_masters_do(rounding):
     assert bool(comps) == (rounding == "kahan")
 
 
+@pytest.mark.parametrize("overflow_scale, moved", [(1.0, False), (1e6, True)])
+def test_an_fp16_overflow_moves_its_layer_only_where_the_loss_scale_has_fallen_to_the_overflow_scale(
+        overflow_scale, moved):
+    """One overflow at step 6 halves the scale from 65536: the scaler's own search, which the skipped
+    step handles, unless triaccel.precision.overflow_scale is above the scale it fell to."""
+    cfg = small_cfg(**{**TRI, "amp_dtype": "fp16", "epochs": 1, "triaccel.precision.cpu_fp16": "true",
+                       "triaccel.precision.tau_low": 1e6, "triaccel.precision.tau_high": 1e7,
+                       "triaccel.batch.enabled": "false", "triaccel.curvature.enabled": "false",
+                       "triaccel.precision.overflow_scale": overflow_scale, "triaccel.stats_every": 1,
+                       "data.augment": "false"})
+    loop = TriAccelLoop(cfg.triaccel, log=lambda *a: None)
+    t = Trainer(cfg, callbacks=[loop], log=lambda *a: None).setup()
+    assert t.scaler_active()
+    first = loop.names[0]
+    weight = next(m for n, m in t.precision.layers if n == first).weight
+    for step in range(8):  # a control window every 4 steps: the overflow lands in the second
+        h = weight.register_hook(lambda g: g * float("inf")) if step == 5 else None
+        t.train_step(torch.arange(step * 32, step * 32 + 32))
+        if h is not None:
+            h.remove()
+        t._settle_skip()
+    assert t.skipped_steps == 1 and t.scaler.get_scale() == 32768.0
+    assert len(loop.trajectory) == 2 and loop.trajectory[0]["levels"][0] == "fp16"
+    assert (loop.trajectory[1]["levels"][0] == "bf16") is moved
+    assert set(loop.trajectory[1]["levels"][1:]) == {"fp16"}
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_bf16_master_weights_beside_fp16_layers_train_through_the_grad_scaler(device, monkeypatch):
     """fp16 layers with bf16 master weights: the GradScaler runs and the layers' gradients are bf16

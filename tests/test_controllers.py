@@ -14,10 +14,10 @@ def pc(**kw):
     return PrecisionConfig(**base)
 
 
-def var(variance, window, overflow=None, promote=None, new_plan=True):
+def var(variance, window, overflow=None, promote=None, new_plan=True, loss_scale=None):
     """A control window's statistics for the precision controller."""
     return WindowStats(window, 0, variance=tuple(variance), overflow=None if overflow is None else tuple(overflow),
-                       promote=None if promote is None else tuple(promote), new_plan=new_plan)
+                       promote=None if promote is None else tuple(promote), new_plan=new_plan, loss_scale=loss_scale)
 
 
 def eig(topk):
@@ -78,6 +78,19 @@ def test_overflow_promotes_fp16_layer_despite_dwell():
     c = PrecisionController(pc(hysteresis=0.0, min_dwell=100), 2, initial="fp16")
     d = c.decide(var([1e-9, 1e-9], 1, overflow=[True, False]))
     assert d.levels == ("bf16", "fp16") and d.reasons[0] == "overflow"
+
+
+def test_an_overflow_moves_its_layer_only_where_the_scaler_has_fallen_to_the_overflow_scale():
+    """Above it the overflow is the GradScaler finding its scale (down from 65536, then a probe every
+    growth_interval steps): the skipped step handles it, and a move would recompile for nothing."""
+    c = PrecisionController(pc(hysteresis=0.0, min_dwell=100), 2, initial="fp16")
+    for scale in (65536.0, 512.0, 2.0):
+        d = c.decide(var([1e-9, 1e-9], 1, overflow=[True, False], loss_scale=scale))
+        assert d.levels == ("fp16", "fp16") and d.reasons == ("", "") and d.changed == 0, scale
+    d = c.decide(var([1e-9, 1e-9], 2, overflow=[True, False], loss_scale=1.0))
+    assert d.levels == ("bf16", "fp16") and d.reasons[0] == "overflow"
+    c = PrecisionController(pc(hysteresis=0.0, min_dwell=100, overflow_scale=1024.0), 2, initial="fp16")
+    assert c.decide(var([1e-9, 1e-9], 1, overflow=[False, True], loss_scale=512.0)).levels == ("fp16", "bf16")
 
 
 def test_without_budget_for_a_new_plan_the_plan_holds_but_plans_already_run_and_overflows_move():

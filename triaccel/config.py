@@ -244,6 +244,13 @@ class PrecisionConfig:
     hysteresis: float = 0.1  # relative band around each threshold a layer must cross to move
     min_dwell: int = 2  # control windows a layer keeps a dtype before it may move again
     overflow_promote: bool = True  # a GradScaler overflow promotes the FP16 layers with non-finite grads
+    # The loss scale at or below which an fp16 overflow moves its layer to BF16 (overflow_promote): there
+    # the gradients themselves are past fp16's range (a forward that overflows fp16 brings it there in ~16 skipped steps from 65536). Above it an
+    # overflow is the scaler finding its scale (its first steps down from 65536, then a probe every
+    # growth_interval steps), which the skipped step already handles: promoting there moved an
+    # EfficientNet-B0 layer to bf16 and back twice in 16 epochs, each move a recompile (60 s on an H100)
+    # and a transient peak 58 % above the run's (bench/results/effnet_b0/h100_start3_16ep.json).
+    overflow_scale: float = 1.0
     # On a CPU, fp16 is the slow 16-bit type (a 3x3 conv's forward + backward: 9.8 ms in fp16 autocast,
     # 0.56 ms in bf16, 0.87 ms in fp32; torch 2.14, 2-core EPYC): layers at fp16 run in bf16 there,
     # said once at set-up. true keeps fp16 on a CPU (tests of the fp16 path: GradScaler, overflows).
@@ -351,8 +358,8 @@ class BatchConfig:
     # score: find the size with the lowest time x peak memory per example (the efficiency score's
     # denominator) early in the run, in short windows of explore_steps: a smaller size first (B0 /
     # grow_factor), on down while the cost falls, else growing by grow_factor only where the sizes
-    # measured predict a lower cost; then hold it (cuDNN autotuning goes on once the batch and the
-    # precision plan have settled). The budget (rho_high of it) stays a cap; delta_down is the step under it.
+    # measured predict a lower cost; then hold it (cuDNN autotuning is on from the first step: each
+    # size explored is tuned once, within the cost exploring measures). The budget (rho_high of it) stays a cap; delta_down is the step under it.
     policy: Literal["paper", "score"] = "score"  # triaccel.policy: paper -> paper
     grow_factor: float = 1.5  # score: size ladder B0 * grow_factor^k (multiples of 8)
     explore_steps: int = 10  # score: optimizer steps per measuring window while exploring
@@ -496,10 +503,16 @@ class TrainConfig:
     # NHWC activations and weights. null (default): on for conv models on CUDA, where an H200 runs the
     # step 1.7-2x as fast as NCHW at batch 512 (bench/results/profile/h200_step_breakdown.json), off on CPU.
     channels_last: Optional[bool] = None
-    # cuDNN autotuning. null (default): on from the first step, as static AMP runs, except under the
-    # paper's batch rule (a new size every window): there on once the batch and the plan settle. Turning
-    # it on later tunes nothing already met: torch's cuDNN plan cache keeps the untuned choice
-    # (triaccel.device.cudnn_benchmark_for).
+    # cuDNN autotuning. null (default): on from the first step, as static AMP runs (an H200, channels_last,
+    # B=512 bf16: 52.9k against 43.7k img/s untuned), except under the paper's batch rule
+    # (triaccel.batch.policy: paper), whose size moves every window and would be tuned again each time
+    # (fp32 B=512 NCHW first epoch: 7.9 s tuned, 2.7 s untuned; bench/results/archive/baselines/
+    # h200_baselines_bs512*.json): there it goes on once the batch and the precision plan settle. Turning
+    # it on later tunes only shapes met afterwards: torch's cuDNN plan cache keeps the untuned choice of
+    # every shape already run (bench/results/effnet224/cudnn_retune/), so a run that started untuned
+    # keeps heuristic kernels for good (EfficientNet-B0 at 32 px, H100: 2.19 s epochs against 1.36-1.63 s
+    # tuned; bench/results/effnet_b0/). Under the score policy each new batch size or layer dtype is
+    # tuned once, a cost the batch controller measures before it explores further.
     cudnn_benchmark: Optional[bool] = None
     # Record each micro-batch's forward + loss + backward as a CUDA graph and replay it
     # (triaccel.capture): one launch instead of ~300 per ResNet-18 step. CUDA only (a CPU run logs

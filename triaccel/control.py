@@ -332,12 +332,16 @@ class TriAccelLoop(Callback):
         self.last_var = var[:self.L]
         overflow = (self.nonfinite > 0).tolist()
         self.nonfinite.zero_()
+        # the scale says whether an overflow is the scaler's own search (triaccel.precision.overflow_scale):
+        # a second host read, in a window with an overflow only
+        loss_scale = tr.scaler.get_scale() if tr.scaler.is_enabled() and any(overflow) else None
         peak = tr.meter.window_peak_bytes()
         new_plan = self._observe_plan_cost(tr)
         batch_decides = self.batch is not None and not (self.batch.exploring and step % self.cfg.batch.explore_steps)
         if self.batch is not None and not batch_decides:
             self.win_peak = max(self.win_peak, peak)  # mid-window: the batch window decides at its own end
         stats = WindowStats(self.window, step, variance=tuple(var[:self.L]), overflow=tuple(overflow[:self.L]),
+                            loss_scale=loss_scale,
                             promote=tuple(self.promote) if self.curv is not None else None, new_plan=new_plan,
                             **(self._batch_measures(tr, peak) if batch_decides else {}))
         row = {"window": self.window, "step": step, "epoch": tr.epoch + 1, "t_s": self._t()}

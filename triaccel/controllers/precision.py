@@ -8,8 +8,10 @@ with four additions that keep it stable, safe and worth its cost:
 - minimum dwell: after a change a layer keeps its level for ``min_dwell`` windows;
 - promotions: a layer the curvature controller flags (``WindowStats.promote``: tau_curv exceeded
   by the quantity its lr_rule uses, lambda / median lambda by default) runs one level higher for
-  that window (§3.2); a layer whose fp16 gradients overflowed (GradScaler) is moved to BF16 at
-  once, dwell or not (safety beats stability);
+  that window (§3.2); a layer whose fp16 gradients overflowed where the GradScaler's scale has
+  fallen to ``overflow_scale`` (1: the gradients themselves past fp16's range) is moved to BF16 at
+  once, dwell or not (safety beats stability). Overflows above that scale are the scaler finding
+  its scale, and its skipped step is all they need;
 - a plan budget: where a plan not run before is not affordable (``WindowStats.new_plan``, from
   ``PlanBudget``), the window's moves are held and the plan stays, an overflow's move excepted. Plans
   already run cost nothing again (their compiled graphs are cached), so moving back to one is free.
@@ -60,6 +62,8 @@ class PrecisionController:
         if variance is None or len(variance) != n:
             raise ValueError(f"expected {n} variances, got {0 if variance is None else len(variance)}")
         overflow, promote = stats.overflow, stats.promote
+        if overflow is not None and stats.loss_scale is not None and stats.loss_scale > c.overflow_scale:
+            overflow = None  # the scaler finding its scale, not a layer past fp16's range
         reasons = [""] * n
         before = list(self.base), list(self.last_change)
         new_eff = []

@@ -23,6 +23,9 @@ class WindowStats:
     # per layer, in the precision runtime's order
     variance: tuple[float, ...] | None = None  # gradient-variance EMA
     overflow: tuple[bool, ...] | None = None  # non-finite gradients since the last control window
+    # the GradScaler's scale at the window's end, read only in a window with an overflow (None: no
+    # scaler, or nothing to judge)
+    loss_scale: float | None = None
     topk: tuple[tuple[float, ...], ...] | None = None  # top-k curvature estimates of this refresh
     # the curvature controller's latest decision: tau_curv exceeded by the quantity its lr_rule uses
     # (lambda / median lambda under normalized, lambda under paper); None without a curvature controller
