@@ -34,8 +34,11 @@ def _one_clean_line(r, match):
 @pytest.mark.parametrize("setup,args,match", [
     (None, ["--config", "missing.yaml"], "missing.yaml: no such file"),
     ("a: [1,\n", ["--config", "c.yaml"], "c.yaml: not valid YAML"),
-    ("model: {name: vgg99}\n", ["--config", "c.yaml"], "model.name: unknown model 'vgg99' (valid: efficientnet_b0, mlp, resnet18, small_cnn)"),
-    ("data: {name: mnist}\n", ["--config", "c.yaml"], "data.name: unknown dataset 'mnist'"),
+    # found while the run is built, not while the file is read: named with the file all the same
+    ("model: {name: vgg99}\n", ["--config", "c.yaml"], "c.yaml: model.name: unknown model 'vgg99' (valid: efficientnet_b0, mlp, resnet18, small_cnn)"),
+    ("data: {name: mnist}\n", ["--config", "c.yaml"], "c.yaml: data.name: unknown dataset 'mnist'"),
+    # the same key given by --set: the file is not where it is wrong
+    ("epochs: 1\n", ["--config", "c.yaml", "--set", "model.name=vgg99"], "triaccel: error: model.name: unknown model 'vgg99'"),
     ("data: {name: imagefolder, data_dir: /no/such/dir}\n", ["--config", "c.yaml"], "/no/such/dir: data_dir does not exist"),
     ("batch_size: 0\n", ["--config", "c.yaml"], "c.yaml: batch_size: must be in [1, 16777216]"),
     ("epochs: 1\n", ["--config", "c.yaml", "--set", "optim.lr=-2"], "optim.lr: must be > 0"),

@@ -9,12 +9,13 @@ only when a function needs them.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Optional
 
-from triaccel.errors import ConfigError, TriAccelError, interrupted
+from triaccel.errors import ConfigError, DataError, TriAccelError, interrupted
 from triaccel.units import mem_text
 
 
@@ -72,7 +73,31 @@ def train(config: str | os.PathLike | dict, model: Callable | str | None = None,
     """Train one run. ``overrides``: ``key=value`` strings as `--set` takes; ``on_trainer(trainer)`` is
     called before set-up."""
     cfg = load(config, model, data, overrides)
-    return run_config(cfg, on_trainer)
+    try:
+        return run_config(cfg, on_trainer)
+    except (ConfigError, DataError) as e:
+        named = _in_file(e, config, overrides, model, data)
+        if named is e:
+            raise
+        raise named from None
+
+
+def _in_file(e: TriAccelError, config, overrides, model, data) -> TriAccelError:
+    """A config error found while the run is built (``KEY: ...``: an unknown model, a dataset's keys)
+    named with the config file, as errors found while it is read are; one about a key given by --set,
+    handed as a function, or of a dict config, as it is."""
+    from triaccel.config import TrainConfig
+
+    msg = str(e)
+    key = msg.split(": ", 1)[0]
+    if isinstance(config, dict) or not re.fullmatch(r"[A-Za-z_][\w.]*", key) \
+            or key.split(".")[0] not in {f.name for f in fields(TrainConfig)}:
+        return e
+    handed = {"model": model, "data": data}.get(key.split(".")[0])
+    if handed is not None and not isinstance(handed, str) or \
+            any(o.split("=", 1)[0].strip() == key for o in overrides or []):
+        return e
+    return type(e)(f"{config}: {msg}")
 
 
 def run_config(cfg, on_trainer: Callable | None = None) -> TrainResult:
