@@ -62,7 +62,7 @@ def test_bad_config_is_the_same_clean_error_as_train(tmp_path):
                            capture_output=True, text=True, timeout=600)
         assert r.returncode == 2 and "Traceback" not in r.stderr
         errs.append(r.stderr.strip())
-    assert errs[0] == errs[1] and errs[0].startswith("triaccel: error: model.name: unknown model")
+    assert errs[0] == errs[1] and errs[0].startswith("triaccel: error: c.yaml: model.name: unknown model")
 
 
 def test_profile_on_a_cpu_opens_with_its_report_not_profiler_noise(tmp_path):

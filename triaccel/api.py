@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Optional
@@ -73,8 +74,16 @@ def train(config: str | os.PathLike | dict, model: Callable | str | None = None,
     """Train one run. ``overrides``: ``key=value`` strings as `--set` takes; ``on_trainer(trainer)`` is
     called before set-up."""
     cfg = load(config, model, data, overrides)
-    try:
+    with errors_named_with(config, overrides, model, data):
         return run_config(cfg, on_trainer)
+
+
+@contextmanager
+def errors_named_with(config, overrides=None, model=None, data=None):
+    """Config errors raised inside, found while a run is built (``KEY: ...``: an unknown model, a
+    dataset's keys), named with the config file, as errors found while it is read are."""
+    try:
+        yield
     except (ConfigError, DataError) as e:
         named = _in_file(e, config, overrides, model, data)
         if named is e:
@@ -83,9 +92,8 @@ def train(config: str | os.PathLike | dict, model: Callable | str | None = None,
 
 
 def _in_file(e: TriAccelError, config, overrides, model, data) -> TriAccelError:
-    """A config error found while the run is built (``KEY: ...``: an unknown model, a dataset's keys)
-    named with the config file, as errors found while it is read are; one about a key given by --set,
-    handed as a function, or of a dict config, as it is."""
+    """``e`` with the config file's name in front; as it is where the key was given by --set or the
+    model or data were handed as a function, for a dict config, or where it names no config key."""
     from triaccel.config import TrainConfig
 
     msg = str(e)

@@ -298,7 +298,10 @@ def cmd_profile(args) -> int:
         if taken:
             raise ConfigError(f"--out {args.out}: {', '.join(taken)} there is a folder: the profile writes a file "
                               f"of that name")
-    report = run_profile(cfg, steps=args.steps, warmup=args.warmup, out_dir=args.out)
+    from triaccel.api import errors_named_with
+
+    with errors_named_with(args.config, args.set):
+        report = run_profile(cfg, steps=args.steps, warmup=args.warmup, out_dir=args.out)
     print(format_report(report))
     out = Path(report["out_dir"])
     print(f"\ntrace: {out / 'trace.json'} (open in chrome://tracing or ui.perfetto.dev); report: {out / 'report.json'}")
