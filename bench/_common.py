@@ -61,7 +61,9 @@ def env() -> dict:
         torch = None
     if torch is not None:
         out["torch"] = torch.__version__
-        if torch.cuda.is_available():
+        if os.environ.get("BENCH_GPU"):  # a parent of runs in their own processes, kept off CUDA
+            out["gpu"] = os.environ["BENCH_GPU"]
+        elif torch.cuda.is_available():
             out["gpu"] = torch.cuda.get_device_name()
         else:
             out["gpu"] = None

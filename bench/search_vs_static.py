@@ -385,8 +385,24 @@ def summarise(res: dict, variants: list) -> None:
     res["summary"] = summary
 
 
+def gpu_name_without_cuda() -> str | None:
+    """The GPU's name from NVML (as torch names it), without a CUDA context in this process."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+        return name.decode() if isinstance(name, bytes) else name
+    except Exception:
+        return None
+
+
 def main():
     args = parse_args()
+    if args.process_per_run:  # the parent stays off the GPU: no CUDA context beside the runs
+        name = gpu_name_without_cuda()
+        if name:
+            os.environ["BENCH_GPU"] = name
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     if args.resume and args.tuned is None and args.start is None:

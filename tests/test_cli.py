@@ -37,8 +37,11 @@ def _one_clean_line(r, match):
     # found while the run is built, not while the file is read: named with the file all the same
     ("model: {name: vgg99}\n", ["--config", "c.yaml"], "c.yaml: model.name: unknown model 'vgg99' (valid: efficientnet_b0, mlp, resnet18, small_cnn)"),
     ("data: {name: mnist}\n", ["--config", "c.yaml"], "c.yaml: data.name: unknown dataset 'mnist'"),
-    # the same key given by --set: the file is not where it is wrong
+    # the same key given by --set, or its section replaced by --set: the file is not where it is wrong
     ("epochs: 1\n", ["--config", "c.yaml", "--set", "model.name=vgg99"], "triaccel: error: model.name: unknown model 'vgg99'"),
+    ("epochs: 1\n", ["--config", "c.yaml", "--set", "model={name: vgg99}"], "triaccel: error: model.name: unknown model"),
+    # a relative folder named like a section is a path, not the config's `data` key
+    ("data: {name: imagefolder, data_dir: data}\n", ["--config", "c.yaml"], "triaccel: error: data: data_dir does not exist"),
     ("data: {name: imagefolder, data_dir: /no/such/dir}\n", ["--config", "c.yaml"], "/no/such/dir: data_dir does not exist"),
     ("batch_size: 0\n", ["--config", "c.yaml"], "c.yaml: batch_size: must be in [1, 16777216]"),
     ("epochs: 1\n", ["--config", "c.yaml", "--set", "optim.lr=-2"], "optim.lr: must be > 0"),
@@ -59,6 +62,22 @@ def test_bad_input_is_one_line(tmp_path, setup, args, match):
     r = run_cli("train", *args, cwd=tmp_path)
     _one_clean_line(r, match)
     assert not (tmp_path / "mlruns").exists() or "model" not in str(setup)
+
+
+def test_a_model_handed_to_the_api_by_name_is_not_named_as_the_config_files_fault(tmp_path, monkeypatch):
+    import triaccel
+    from triaccel.errors import ConfigError
+
+    (tmp_path / "c.yaml").write_text("epochs: 1\ndata: {name: digits}\ntracking: {enabled: false}\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        triaccel.train("c.yaml", model="nopkg_xyz.models.mlp")
+    assert str(e.value).startswith("model.class_path: no module named 'nopkg_xyz'"), str(e.value)
+    with pytest.raises(ConfigError) as e:  # the same reference written in the file is the file's
+        (tmp_path / "d.yaml").write_text("epochs: 1\nmodel: {class_path: nopkg_xyz.models.mlp}\n"
+                                         "data: {name: digits}\ntracking: {enabled: false}\n")
+        triaccel.train("d.yaml")
+    assert str(e.value).startswith("d.yaml: model.class_path: no module named 'nopkg_xyz'"), str(e.value)
 
 
 @pytest.mark.parametrize("args,match", [

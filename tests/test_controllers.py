@@ -93,6 +93,13 @@ def test_an_overflow_moves_its_layer_only_where_the_scaler_has_fallen_to_the_ove
     assert c.decide(var([1e-9, 1e-9], 1, overflow=[False, True], loss_scale=512.0)).levels == ("fp16", "bf16")
 
 
+def test_an_overflow_scale_that_no_scale_can_reach_is_refused_naming_the_switch_that_does_that():
+    from triaccel.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="triaccel.precision.overflow_scale: must be > 0 .*overflow_promote: false"):
+        pc(overflow_scale=0.0)
+
+
 def test_without_budget_for_a_new_plan_the_plan_holds_but_plans_already_run_and_overflows_move():
     c = PrecisionController(pc(hysteresis=0.0), 3, initial="bf16")
     d = c.decide(var([1e-7, 1e-5, 1e-3], 1))  # affordable: a new plan, taken

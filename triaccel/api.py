@@ -92,19 +92,26 @@ def errors_named_with(config, overrides=None, model=None, data=None):
 
 
 def _in_file(e: TriAccelError, config, overrides, model, data) -> TriAccelError:
-    """``e`` with the config file's name in front; as it is where the key was given by --set or the
-    model or data were handed as a function, for a dict config, or where it names no config key."""
+    """``e`` with the config file's name in front, where its message opens with a config key the file
+    sets or could set: not a path, not a section's bare name (``data: ...`` names a folder), not a key
+    given by --set (or a section --set replaced), not the model or data handed to the API, not a dict."""
+    from dataclasses import MISSING
+
     from triaccel.config import TrainConfig
 
     msg = str(e)
     key = msg.split(": ", 1)[0]
-    if isinstance(config, dict) or not re.fullmatch(r"[A-Za-z_][\w.]*", key) \
-            or key.split(".")[0] not in {f.name for f in fields(TrainConfig)}:
+    sections = {f.name for f in fields(TrainConfig) if f.default_factory is not MISSING}
+    top = key.split(".")[0]
+    if isinstance(config, dict) or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*", key) \
+            or top not in {f.name for f in fields(TrainConfig)} or key in sections:
         return e
-    handed = {"model": model, "data": data}.get(key.split(".")[0])
-    if handed is not None and not isinstance(handed, str) or \
-            any(o.split("=", 1)[0].strip() == key for o in overrides or []):
+    if {"model": model, "data": data}.get(top) is not None:
         return e
+    for o in overrides or []:
+        given = o.split("=", 1)[0].strip()
+        if key == given or key.startswith(given + "."):
+            return e
     return type(e)(f"{config}: {msg}")
 
 

@@ -175,9 +175,10 @@ class StepGraphs:
 
     def _warmup_for(self, key) -> int:
         """Eager occurrences before recording: cuDNN's autotuner runs kernels when it meets a new
-        (shape, dtype), which a recording must not; without it (the elastic batch turns it off),
-        a new precision plan at a shape already recorded is recorded at once, with no eager
-        micro-batch whose activations would sit beside the pool. A compiled forward always runs one
+        (shape, dtype), which a recording must not. With autotuning off (cudnn_benchmark: false, or
+        the paper's batch rule before its plan settles), a new precision plan at a shape already
+        recorded is recorded at once, with no eager micro-batch whose activations would sit beside
+        the pool; with it on, that plan's new dtypes are tuned in eager occurrences first. A compiled forward always runs one
         eager occurrence first: its compile happens there, outside the recording."""
         if not torch.backends.cudnn.benchmark and key[0] in self.shapes and not self.compiled:
             return 0

@@ -26,7 +26,7 @@ def trainer_state(tr: "Trainer") -> dict:
             "lr_scales": list(tr.lr_scales), "batch_lr_factor": tr.batch_lr_factor,
             "precision": tr.precision.levels() if tr.precision else None,
             "callbacks": [cb.state_dict() for cb in tr.callbacks],
-            "cudnn_benchmark": torch.backends.cudnn.benchmark,  # a settled batch turns autotuning on
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,  # the paper's batch rule turns it on mid-run
             "rng": {"torch": torch.get_rng_state(), "data": tr.train_data.gen.get_state(),
                     "cuda": torch.cuda.get_rng_state(tr.device) if tr.device.type == "cuda" else None,
                     "python": random.getstate(), "numpy": np.random.get_state()}}

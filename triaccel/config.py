@@ -293,6 +293,8 @@ class PrecisionConfig:
         _check(0 <= self.beta < 1, "triaccel.precision.beta", "must be in [0, 1)")
         _check(0 <= self.hysteresis < 1, "triaccel.precision.hysteresis", "must be in [0, 1)")
         _check(self.min_dwell >= 0, "triaccel.precision.min_dwell", "must be >= 0")
+        _check(self.overflow_scale > 0, "triaccel.precision.overflow_scale",
+               "must be > 0 (a GradScaler's scale is positive; overflow_promote: false turns the moves off)")
         _check(self.plan_budget >= 0, "triaccel.precision.plan_budget", "must be >= 0 (a fraction of the run's time)")
 
 
@@ -507,12 +509,13 @@ class TrainConfig:
     # B=512 bf16: 52.9k against 43.7k img/s untuned), except under the paper's batch rule
     # (triaccel.batch.policy: paper), whose size moves every window and would be tuned again each time
     # (fp32 B=512 NCHW first epoch: 7.9 s tuned, 2.7 s untuned; bench/results/archive/baselines/
-    # h200_baselines_bs512*.json): there it goes on once the batch and the precision plan settle. Turning
-    # it on later tunes only shapes met afterwards: torch's cuDNN plan cache keeps the untuned choice of
-    # every shape already run (bench/results/effnet224/cudnn_retune/), so a run that started untuned
-    # keeps heuristic kernels for good (EfficientNet-B0 at 32 px, H100: 2.19 s epochs against 1.36-1.63 s
-    # tuned; bench/results/effnet_b0/). Under the score policy each new batch size or layer dtype is
-    # tuned once, a cost the batch controller measures before it explores further.
+    # h200_baselines_bs512*.json): there it goes on once the precision plan settles, for the sizes met
+    # after. Turning it on later tunes only shapes met afterwards: torch's cuDNN plan cache keeps the
+    # untuned choice of every shape already run (bench/results/effnet224/cudnn_retune/), so a run that
+    # started untuned keeps heuristic kernels for good (EfficientNet-B0 at 32 px, H100: 2.19 s epochs
+    # against 1.36-1.63 s tuned; bench/results/effnet_b0/). Each new batch size or layer dtype is tuned
+    # once: a size's cost is in what the batch controller measures before it explores further, a new
+    # precision plan's in its first window (no budget counts it).
     cudnn_benchmark: Optional[bool] = None
     # Record each micro-batch's forward + loss + backward as a CUDA graph and replay it
     # (triaccel.capture): one launch instead of ~300 per ResNet-18 step. CUDA only (a CPU run logs

@@ -74,16 +74,18 @@ def cublas_workspace(mib: int | None, log=print):
 def cudnn_benchmark_for(cfg: TrainConfig) -> bool:
     """cudnn_benchmark at the start, resolved. null autotunes from the first step, as static AMP does,
     unless the batch controller follows the paper's rule (its size moves every window, and each new
-    size would be tuned again): then the control loop turns it on once the batch and the plan settle.
+    size would be tuned): there it is off at the start and the control loop turns it on once the
+    precision plan settles (or after the first epoch), tuning the batch sizes met after that.
 
     From the first step because turning it on later tunes nothing already met: torch's cuDNN plan
     cache keys a convolution by shape, dtype, layout, deterministic and allow_tf32, not by
     benchmark, and keeps the untuned choice of every shape run before (bench/results/effnet224/
     cudnn_retune/). A run that met its shapes untuned kept heuristic kernels for good, while the
     static run it is judged against was tuned (EfficientNet-B0 at 32 px on an H100: 2.19 s epochs
-    untuned against 1.36-1.63 s tuned; bench/results/effnet_b0/h100_start3_16ep.json). Under the
-    score policy a new batch size or layer dtype is tuned once, and that cost is in what the batch
-    controller measures before it explores further (triaccel.batch.explore_budget)."""
+    untuned against 1.36-1.63 s tuned; bench/results/effnet_b0/h100_start3_16ep.json). Each new
+    batch size or layer dtype is tuned once: a new size's cost is in what the batch controller
+    measures before it explores further; a new precision plan's is in its first window, which no
+    budget counts (triaccel.precision.plan_budget counts compile seconds)."""
     if cfg.cudnn_benchmark is not None:
         return cfg.cudnn_benchmark
     b = cfg.triaccel.batch
