@@ -205,13 +205,15 @@ def test_bf16_master_weights_train_as_fp32_masters_do(rounding):
 def test_an_fp16_overflow_moves_its_layer_only_where_the_loss_scale_has_fallen_to_the_overflow_scale(
         overflow_scale, moved):
     """One overflow at step 6 halves the scale from 65536: the scaler's own search, which the skipped
-    step handles, unless triaccel.precision.overflow_scale is above the scale it fell to."""
+    step handles, unless triaccel.precision.overflow_scale is above the scale it fell to. A layer moved
+    on an overflow restarts the scale, with a line that says so."""
     cfg = small_cfg(**{**TRI, "amp_dtype": "fp16", "epochs": 1, "triaccel.precision.cpu_fp16": "true",
                        "triaccel.precision.tau_low": 1e6, "triaccel.precision.tau_high": 1e7,
                        "triaccel.batch.enabled": "false", "triaccel.curvature.enabled": "false",
                        "triaccel.precision.overflow_scale": overflow_scale, "triaccel.stats_every": 1,
                        "data.augment": "false"})
-    loop = TriAccelLoop(cfg.triaccel, log=lambda *a: None)
+    logs = []
+    loop = TriAccelLoop(cfg.triaccel, log=logs.append)
     t = Trainer(cfg, callbacks=[loop], log=lambda *a: None).setup()
     assert t.scaler_active()
     first = loop.names[0]
@@ -222,9 +224,15 @@ def test_an_fp16_overflow_moves_its_layer_only_where_the_loss_scale_has_fallen_t
         if h is not None:
             h.remove()
         t._settle_skip()
-    assert t.skipped_steps == 1 and t.scaler.get_scale() == 32768.0
+    assert t.skipped_steps == 1
     assert len(loop.trajectory) == 2 and loop.trajectory[0]["levels"][0] == "fp16"
     assert (loop.trajectory[1]["levels"][0] == "bf16") is moved
+    # a move restarts the scale where the run's started: the fp16 layers left are not held at the scale
+    # the overflows drove it to
+    assert t.scaler.get_scale() == (65536.0 if moved else 32768.0)
+    said = [m for m in logs if "on fp16 overflow" in m]
+    assert said == (["[precision] 1 layer(s) moved to bf16 on fp16 overflow at loss scale 32768: scale reset to 65536"]
+                    if moved else [])
     assert set(loop.trajectory[1]["levels"][1:]) == {"fp16"}
 
 

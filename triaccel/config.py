@@ -249,7 +249,9 @@ class PrecisionConfig:
     # overflow is the scaler finding its scale (its first steps down from 65536, then a probe every
     # growth_interval steps), which the skipped step already handles: promoting there moved an
     # EfficientNet-B0 layer to bf16 and back twice in 16 epochs, each move a recompile (60 s on an H100)
-    # and a transient peak 58 % above the run's (bench/results/effnet_b0/h100_start3_16ep.json).
+    # and a transient peak 58 % above the run's (bench/results/effnet_b0/h100_start3_16ep.json). A move
+    # restarts the scale at the GradScaler's initial value (said in a line): the fp16 layers left would
+    # otherwise train under the scale the overflows drove down, their small gradients flushed to zero.
     overflow_scale: float = 1.0
     # On a CPU, fp16 is the slow 16-bit type (a 3x3 conv's forward + backward: 9.8 ms in fp16 autocast,
     # 0.56 ms in bf16, 0.87 ms in fp32; torch 2.14, 2-core EPYC): layers at fp16 run in bf16 there,

@@ -354,6 +354,14 @@ class TriAccelLoop(Callback):
             if dec.held:
                 row["precision_held"] = dec.held
                 self._say_plan_held()
+            moved = dec.reasons.count("overflow")
+            if moved and loss_scale is not None:
+                # the scale fell this low while the moved layers overflowed; the fp16 layers left would
+                # run under it, their small gradients flushed to zero, until it grew back (16 doublings
+                # of growth_interval steps): it restarts where the run's did and settles again
+                self.pending.loss_scale = float(getattr(tr.scaler, "_init_scale", 2.0 ** 16))
+                self.log(f"[precision] {moved} layer(s) moved to bf16 on fp16 overflow at loss scale "
+                         f"{loss_scale:g}: scale reset to {self.pending.loss_scale:g}")
             # settled: a window after the first decision, changing nothing
             self.plan_stable = self.window >= 2 and dec.changed == 0
         row["peak_mem_gib"] = peak / GiB

@@ -14,13 +14,14 @@ if TYPE_CHECKING:
 class Decisions:
     """Changes to the trainer's adaptive state that a callback asks for. Hooks return them;
     ``Trainer.apply`` is the one writer of that state (batch, micro-batch, lr multipliers,
-    precision levels), so a decision takes effect at one point, between steps. None: unchanged."""
+    precision levels, the loss scale), so a decision takes effect at one point, between steps. None: unchanged."""
     batch_size: int | None = None
     micro_batch: int | None = None
     batch_lr_factor: float | None = None
     lr_scales: tuple | None = None  # multipliers of the first len(lr_scales) optimizer groups
     levels: dict | None = None  # layer name -> fp16 | bf16 | fp32
     cudnn_benchmark: bool | None = None
+    loss_scale: float | None = None  # the GradScaler's scale, set anew
 
     def merged(self, later: "Decisions | None") -> "Decisions":
         """This decision updated by a later one (the later one's fields win)."""

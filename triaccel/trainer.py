@@ -258,6 +258,8 @@ class Trainer:
                 self.precision.set(name, lvl)
             if self.precision.store_as_levels(self.optimizer)[0]:  # bf16 master weights moved
                 self.weights_stored_anew()
+        if d.loss_scale is not None and self.scaler.is_enabled():
+            self.scaler.update(new_scale=float(d.loss_scale))  # between steps: no step's state is pending
         if d.cudnn_benchmark is not None and self.device.type == "cuda":
             torch.backends.cudnn.benchmark = d.cudnn_benchmark
         if self.graphs is not None and (self.batch_size, self.micro_batch,
