@@ -67,7 +67,7 @@ from typing import Any, Mapping
 from triaccel.config import MAX_BATCH, ModelConfig, TrainConfig, from_dict, path_kind, read_yaml, set_dotted
 from triaccel.config_io import unknown_key
 from triaccel.errors import ConfigError
-from triaccel.search.params import EPS, FRAC_SUFFIX, Param, field_error, number, parse_params
+from triaccel.search.params import EPS, FRAC_SUFFIX, Param, check_params_read, field_error, number, parse_params
 
 TOP_KEYS = {"name", "objective", "trials", "concurrency", "gpus_per_trial", "cpus_per_trial", "scheduler",
             "sampler", "near_best", "seed", "grace_period", "train", "params", "description", "baseline", "start",
@@ -310,6 +310,7 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "", strict: bo
             ModelConfig.check_written(train.get("model"))
         except ConfigError as e:
             raise ConfigError(f"{src}: train.{e}") from None
+        check_params_read(src, params, base)
     space = SearchSpace(train_settings=MappingProxyType(copy.deepcopy(train)), params=MappingProxyType(params),
                         **_options(src, data, source), **_baseline(src, data.get("baseline"), base),
                         source=source, sha256=sha256,

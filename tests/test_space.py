@@ -396,7 +396,8 @@ def test_production_epochs_and_judge_seeds_are_read_and_bad_values_named():
 def test_a_parsed_space_is_frozen_and_an_override_is_a_new_checked_space():
     import dataclasses
 
-    s = parse_space(_with(params=dict(_TAU), start=[{"triaccel.precision.tau_low": 60.0}]), source="s.yaml")
+    s = parse_space(_with(train={"epochs": 2, "mode": "triaccel"}, params=dict(_TAU),
+                          start=[{"triaccel.precision.tau_low": 60.0}]), source="s.yaml")
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.trials = 3
     with pytest.raises(TypeError):
@@ -410,6 +411,33 @@ def test_a_parsed_space_is_frozen_and_an_override_is_a_new_checked_space():
     assert t.start == s.start and t.source == "s.yaml"
     with pytest.raises(ConfigError, match=r"^s.yaml: trials: must be in \[1, 10000\]$"):
         s.with_options(trials=0)
+
+
+_WIDTH = {"model.width": {"distribution": "int", "low": 8, "high": 64}}
+
+
+@pytest.mark.parametrize("train,params,match", [
+    # the user's model reads model.init_args.*: every trial trained width 32 under its own label
+    ({"epochs": 2, "mode": "triaccel", "model": {"class_path": "pkg.build"}}, _WIDTH,
+     r"^s.yaml: params.model.width: the run never reads it: train.model.class_path builds the model; its own "
+     r"arguments are model.init_args.\*$"),
+    ({"epochs": 2, "mode": "amp"}, dict(_TAU),
+     r"^s.yaml: params.triaccel.precision.tau_low: the run never reads it: train.mode is amp"),
+    ({"epochs": 2, "mode": "triaccel"}, {"triaccel.curvature.top_k": {"distribution": "int", "low": 1, "high": 4}},
+     r"params.triaccel.curvature.top_k: the run never reads it: train.triaccel.curvature.method is fisher"),
+    ({"epochs": 2, "mode": "triaccel", "data": {"class_path": "pkg.data"}},
+     {"data.image_size": {"distribution": "categorical", "choices": [16, 32]}},
+     r"params.data.image_size: the run never reads it: train.data.class_path builds the data"),
+])
+def test_a_searched_key_the_run_never_reads_is_refused(train, params, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_space({"train": train, "params": params}, source="s.yaml", strict=True)
+
+
+def test_a_searched_key_is_read_where_the_key_that_decides_is_searched_too():
+    mode = {"mode": {"distribution": "categorical", "choices": ["amp", "triaccel"]}}
+    parse_space({"train": {"epochs": 2, "mode": "amp"}, "params": {**_TAU, **mode}}, source="s.yaml", strict=True)
+    parse_space({"train": {"epochs": 2, "mode": "triaccel"}, "params": {**_WIDTH}}, source="s.yaml", strict=True)
 
 
 @pytest.mark.parametrize("params,match", [
