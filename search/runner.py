@@ -66,8 +66,7 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     check_driver_device(space, address, runtime_env)
     path = tune_root() / name
     if (path / STATE_FILE).exists():
-        raise ConfigError(f"search '{name}' already exists in {path}: `{again('resume', name)}` continues it, "
-                          f"or choose another --name")
+        raise ConfigError(_name_taken(name, path))
     if address and address != "local":  # every node reaches the Tune folder: before anything is written or trained
         init_ray(address, runtime_env=runtime_env)
         reach_new_folder(path, address)
@@ -170,13 +169,24 @@ def reach_search_folder(name: str, address: str | None, state: dict, verb: str, 
                                                       f"continues the search on this machine")
 
 
+def _name_taken(name: str, path: Path) -> str:
+    """What a new search under a name already taken is told: how to go on with that search."""
+    try:
+        finished = search_finished(name, state_store(read_state(name)))
+    except Exception:  # an unreadable state or store: the state's own commands will say why
+        finished = None
+    if finished:
+        return (f"search '{name}' already exists in {path} and has finished: `{again('export', name, '--out tuned.yaml')}` "
+                f"writes its pick, `{again('extend', name, '--trials N')}` adds trials, or choose another --name")
+    return f"search '{name}' already exists in {path}: `{again('resume', name)}` continues it, or choose another --name"
+
+
 def _resume(name: str, state: dict, address: str | None, confirm: int | None, asked: int | None = None) -> dict:
     check_cluster(name, address, state)
     space = saved_space(state)
     from triaccel.userref import check_user_code, use_runtime_env
 
     use_runtime_env(state.get("runtime_env"))  # the user's code where the search found it, from any folder
-    check_user_code(space)  # a function handed from Python is refused here unless handed again (triaccel.resume)
     from ray import tune
 
     uri = state_store(state)
@@ -186,17 +196,19 @@ def _resume(name: str, state: dict, address: str | None, confirm: int | None, as
         # the search finished with the trials it ran there
         raise ConfigError(f"search '{name}': its MLflow store {sqlite_path(uri)} is gone (moved or deleted): "
                           f"put it back to resume the search")
-    if search_finished(name, uri):  # its parent run closed FINISHED: only `finish` does that
-        if asked:  # `resume NAME --confirm K`: the trials are done, the confirm step runs with K
-            print(f"triaccel resume '{name}': the search has finished; its trials are not re-run, "
-                  f"the confirm step runs with --confirm {asked}", flush=True)
-            if (joined := address or state.get("address")) and joined != "local":  # its runs alone hold this node
-                init_ray(joined, runtime_env=state.get("runtime_env"))
-            with interruptible(name, uri):
-                return finish(name, space, uri, asked)
+    finished = search_finished(name, uri)  # its parent run closed FINISHED: only `finish` does that
+    if finished and not asked:  # nothing will train: the user's code is not needed, nor asked for
         print(f"triaccel resume '{name}': the search has finished; nothing was left to run (export it: "
               f"{again('export', name, '--out tuned.yaml')})", flush=True)
         return {"finished_already": True}
+    check_user_code(space)  # a function handed from Python is refused here unless handed again (triaccel.resume)
+    if finished:  # `resume NAME --confirm K`: the trials are done, the confirm step runs with K
+        print(f"triaccel resume '{name}': the search has finished; its trials are not re-run, "
+              f"the confirm step runs with --confirm {asked}", flush=True)
+        if (joined := address or state.get("address")) and joined != "local":  # its runs alone hold this node
+            init_ray(joined, runtime_env=state.get("runtime_env"))
+        with interruptible(name, uri):
+            return finish(name, space, uri, asked)
     try:  # before anything runs: a state that cannot finish is refused
         ext = unfinished_extension(name)  # a stopped `extend`: its own Tune folder, its own trials
         restore = ext is not None or restorable(name, space)

@@ -325,6 +325,13 @@ def test_storage_export_and_resume_from_another_working_folder(built_on, tmp_pat
     r = _cli("resume", "b", "--storage", storage, cwd=d3, store=store)
     assert r.returncode == 0, _said(r)
     assert "triaccel resume 'b': the search has finished; nothing was left to run" in r.stdout  # found from d3
+    # a new search under that finished search's name is pointed at export and extend, not at resume
+    (d3 / "space.yaml").write_text(json.dumps(SPACE))
+    r = _cli("search", "--space", "space.yaml", "--name", "b", "--storage", storage, cwd=d3, store=store)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, _said(r)
+    assert "search 'b' already exists in" in r.stderr and "and has finished: `triaccel export b" in r.stderr
+    assert "triaccel resume" not in r.stderr and "`triaccel extend b" in r.stderr
+    (d3 / "space.yaml").unlink()
     assert not (d3 / "mlruns").exists()  # nothing read or written relative to the working folder
 
 

@@ -40,6 +40,12 @@ def _one_clean_line(r, match):
     # the same key given by --set, or its section replaced by --set: the file is not where it is wrong
     ("epochs: 1\n", ["--config", "c.yaml", "--set", "model.name=vgg99"], "triaccel: error: model.name: unknown model 'vgg99'"),
     ("epochs: 1\n", ["--config", "c.yaml", "--set", "model={name: vgg99}"], "triaccel: error: model.name: unknown model"),
+    # a factory's argument: the file's where the file wrote it, not where --set added it
+    ("model: {class_path: torch.nn.Linear, init_args: {in_features: 64, out_features: 10, bogus: 1}}\n",
+     ["--config", "c.yaml"], "triaccel: error: c.yaml: model.class_path: torch.nn.Linear(...) raised TypeError"),
+    ("model: {class_path: torch.nn.Linear, init_args: {in_features: 64, out_features: 10}}\n",
+     ["--config", "c.yaml", "--set", "model.init_args.bogus=1"],
+     "triaccel: error: model.class_path: torch.nn.Linear(...) raised TypeError"),
     # a relative folder named like a section is a path, not the config's `data` key
     ("data: {name: imagefolder, data_dir: data}\n", ["--config", "c.yaml"], "triaccel: error: data: data_dir does not exist"),
     ("data: {name: imagefolder, data_dir: /no/such/dir}\n", ["--config", "c.yaml"], "/no/such/dir: data_dir does not exist"),

@@ -440,8 +440,12 @@ def test_readme_notebook_example_runs_as_written(tmp_path):
     assert "'best':" in searched and "0 failed, 4 trials in MLflow" in r.stdout
     state = yaml.safe_load((tmp_path / "mlruns" / "tune" / "notebook-digits" / "triaccel_search.json").read_text())
     assert state["callables"] == {"model.class_path": "callable:make_model", "data.class_path": "callable:make_data"}
-    # another process does not know those functions: resume says in one line that they must be handed again
+    # the search has finished: a resume runs nothing, so it needs nothing handed again
     r = cli("resume", "notebook-digits", cwd=tmp_path)
+    assert r.returncode == 0 and "the search has finished; nothing was left to run" in r.stdout, r.stderr
+    # its confirm step again would train, and another process does not know those functions: one line
+    # says they must be handed again
+    r = cli("resume", "notebook-digits", "--confirm", "1", cwd=tmp_path)
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1
     assert "hand it again" in r.stderr and "triaccel.resume" in r.stderr
     r = cli("extend", "notebook-digits", "--trials", "1", cwd=tmp_path)  # so does extend, naming its own form

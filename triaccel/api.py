@@ -94,7 +94,7 @@ def errors_named_with(config, overrides=None, model=None, data=None):
 def _in_file(e: TriAccelError, config, overrides, model, data) -> TriAccelError:
     """``e`` with the config file's name in front, where its message opens with a config key the file
     sets or could set: not a path, not a section's bare name (``data: ...`` names a folder), not a key
-    given by --set (or a section --set replaced), not the model or data handed to the API, not a dict."""
+    in a section --set changed, not the model or data handed to the API, not a dict."""
     from dataclasses import MISSING
 
     from triaccel.config import TrainConfig
@@ -108,9 +108,8 @@ def _in_file(e: TriAccelError, config, overrides, model, data) -> TriAccelError:
         return e
     if {"model": model, "data": data}.get(top) is not None:
         return e
-    for o in overrides or []:
-        given = o.split("=", 1)[0].strip()
-        if key == given or key.startswith(given + "."):
+    for o in overrides or []:  # a --set in the key's section may be the cause (data.init_args.root)
+        if o.split("=", 1)[0].strip().split(".")[0] == top:
             return e
     return type(e)(f"{config}: {msg}")
 
