@@ -80,3 +80,17 @@ def test_profile_on_a_cpu_opens_with_its_report_not_profiler_noise(tmp_path):
     for noise in ("USDT", "profiler_start", "gpuGetDeviceCount", "before the profiling started"):
         assert noise not in r.stderr, r.stderr[-2000:]
     assert r.stdout.lstrip().startswith("variant"), r.stdout[:500]
+
+
+def test_a_language_models_profile_counts_sequences_and_says_a_small_peak_in_mib(tmp_path):
+    """As train's lines do: the GPT's examples are windows (seq/s, not img/s), and its peak of a few MiB
+    read 0.003 in a GiB column."""
+    r = subprocess.run([sys.executable, "-m", "triaccel.cli", "profile", "--config",
+                        str(ROOT / "configs" / "shakespeare_gpt_tiny.yaml"),
+                        "--steps", "2", "--warmup", "1", "--out", "p", "--set", "tracking.enabled=false"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    head = r.stdout.splitlines()[0].split()
+    assert "seq/s" in head and "img/s" not in head and head[-4:-2] == ["peak", "MiB"], head
+    row = r.stdout.splitlines()[1].split()
+    assert 0.1 < float(row[-2]) < 1024, row  # MiB, not a GiB figure of 0.00x

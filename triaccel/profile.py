@@ -155,7 +155,7 @@ def _profile_trainer(t: Trainer, cfg: TrainConfig, steps: int, warmup: int, trac
            "step_real_ms": 1e3 * real["median_s"], "step_real_std_ms": 1e3 * real["std_s"],
            "step_repeated_ms": 1e3 * repeated["median_s"], "step_repeated_std_ms": 1e3 * repeated["std_s"],
            "images_per_s": b / real["median_s"], "input_share": 1 - repeated["median_s"] / real["median_s"],
-           "phases": phases, "mem_source": t.meter.source}
+           "phases": phases, "mem_source": t.meter.source, "rate_unit": t._rate_unit()}
     if trace_path is not None:
         res["top_ops"] = _trace(t, trace_path)
         res["trace"] = str(trace_path)
@@ -242,18 +242,24 @@ def run_profile(cfg: TrainConfig, steps: int = 20, warmup: int = 5, out_dir: Pat
 
 
 def format_report(report: dict) -> str:
+    from triaccel.units import mem_column
+
     lines = []
-    head = (f"{'variant':<18} {'B':>5} {'step ms':>9} {'repeated':>9} {'input %':>8} {'img/s':>9} {'first s':>8} "
-            f"{'fwd ms':>8} {'bwd ms':>8} {'opt ms':>8} {'peak GiB':>9} {'peak in':>9}")
+    first = next(iter(report["variants"].values()))
+    rate = first.get("rate_unit", "img/s")  # images, sequences (a language model's windows) or examples
+    peaks = {name: max(v["phases"][p]["peak_gib"] for p in ("forward", "backward", "optimizer"))
+             for name, v in report["variants"].items()}
+    unit, factor = mem_column(peaks.values())  # MiB where every peak is below 0.1 GiB, as train says them
+    head = (f"{'variant':<18} {'B':>5} {'step ms':>9} {'repeated':>9} {'input %':>8} {rate:>9} {'first s':>8} "
+            f"{'fwd ms':>8} {'bwd ms':>8} {'opt ms':>8} {'peak ' + unit:>9} {'peak in':>9}")
     lines.append(head)
     for name, v in report["variants"].items():
         ph = v["phases"]
-        peak = max(ph[p]["peak_gib"] for p in ("forward", "backward", "optimizer"))
+        peak = peaks[name] * factor
         lines.append(f"{name:<18} {v['batch_size']:>5} {v['step_real_ms']:>9.2f} {v['step_repeated_ms']:>9.2f} "
                      f"{100 * v['input_share']:>7.1f}% {v['images_per_s']:>9.0f} {v['first_step_s']:>8.2f} "
                      f"{ph['forward']['median_ms']:>8.2f} {ph['backward']['median_ms']:>8.2f} "
                      f"{ph['optimizer']['median_ms']:>8.2f} {peak:>9.3f} {ph['peak_phase']:>9}")
-    first = next(iter(report["variants"].values()))
     lines.append(f"(memory: {first['mem_source']}; medians of {report['steps']} steps after {report['warmup']} "
                  f"warm-up steps; first step reported apart)")
     lines.append("")
