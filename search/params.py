@@ -69,24 +69,14 @@ def parse_params(src: str, raw_params, train: dict, strict: bool) -> dict[str, P
 
 
 def check_params_read(src: str, params: dict, base) -> None:
-    """A searched key the run never reads is refused: every trial would train the same run under
-    different labels (``model.width`` beside the user's model, whose arguments are
-    ``model.init_args.*``; a triaccel key while train.mode is amp). ``base``: the space's train
-    settings as a TrainConfig. Where the key that decides (mode, class_path, the curvature method)
-    is itself searched, its trials read what they read."""
-    unread = {}
-    if base.mode != "triaccel" and "mode" not in params:
-        unread["triaccel."] = (f"train.mode is {base.mode}: the triaccel section is read only in mode triaccel "
-                               f"(train.mode: triaccel)")
-    elif "triaccel.curvature.method" not in params:
-        for k in base.triaccel.curvature.unread():
-            unread[f"triaccel.curvature.{k}"] = (f"train.triaccel.curvature.method is {base.triaccel.curvature.method}:"
-                                                 f" the Hessian probe's keys are read only under method power")
-    for section in ("model", "data"):
-        if f"{section}.class_path" not in params:
-            for k in getattr(base, section).unread():
-                unread[f"{section}.{k}"] = (f"train.{section}.class_path builds the {section}; its own arguments "
-                                            f"are {section}.init_args.*")
+    """A searched key the run never reads (triaccel.config.unread_keys) is refused: every trial would train
+    the same run under different labels (``model.width`` beside the user's model, whose arguments are
+    ``model.init_args.*``; a triaccel key while train.mode is amp). ``base``: the space's train settings as a
+    TrainConfig. Where the key that decides (mode, class_path, the curvature method) is itself searched,
+    its trials read what they read."""
+    from triaccel.config import unread_keys
+
+    unread = {k: why for k, (decider, why) in unread_keys(base).items() if decider not in params}
     for key in params:
         for prefix, why in unread.items():
             if key == prefix or prefix.endswith(".") and key.startswith(prefix):

@@ -618,20 +618,37 @@ class TrainConfig:
         return min(DEFAULT_WARMUP_EPOCHS, float(self.epochs)) if w is None else w
 
 
-def runnable_dict(cfg: TrainConfig) -> dict:
-    """``cfg`` as a file to run again (an export, a run's config.yaml): ``to_dict`` less the keys the run never
-    reads (a static run's triaccel section, the Hessian probe's keys under the Fisher proxy, a built-in
-    dataset's or model's keys beside a class_path). ``load_config`` reads it back to the same run; the full
-    dict would be refused for a named model's key written beside model.class_path."""
-    data = to_dict(cfg)
+def unread_keys(cfg: TrainConfig) -> dict[str, tuple[str, str]]:
+    """The dotted keys a run of ``cfg`` never reads (a trailing dot: a whole section), each with the key
+    that decides it and why: a static run's triaccel section, the Hessian probe's keys under the Fisher
+    proxy, a built-in dataset's or model's keys beside a class_path."""
+    out = {}
     if cfg.mode != "triaccel":
-        data.pop("triaccel", None)
+        out["triaccel."] = ("mode", f"train.mode is {cfg.mode}: the triaccel section is read only in mode "
+                                    f"triaccel (train.mode: triaccel)")
     else:
-        for key in cfg.triaccel.curvature.unread():
-            data["triaccel"]["curvature"].pop(key, None)
+        c = cfg.triaccel.curvature
+        for key in c.unread():
+            out[f"triaccel.curvature.{key}"] = ("triaccel.curvature.method", f"train.triaccel.curvature.method is "
+                                                f"{c.method}: the Hessian probe's keys are read only under method power")
     for section in ("data", "model"):
         for key in getattr(cfg, section).unread():
-            data[section].pop(key, None)
+            out[f"{section}.{key}"] = (f"{section}.class_path", f"train.{section}.class_path builds the {section}; "
+                                                                 f"its own arguments are {section}.init_args.*")
+    return out
+
+
+def runnable_dict(cfg: TrainConfig) -> dict:
+    """``cfg`` as a file to run again (an export, a run's config.yaml): ``to_dict`` less the keys the run never
+    reads (``unread_keys``). ``load_config`` reads it back to the same run; the full dict would be refused for a
+    named model's key written beside model.class_path."""
+    data = to_dict(cfg)
+    for key in unread_keys(cfg):
+        *path, last = key.rstrip(".").split(".")
+        node = data
+        for k in path:
+            node = node[k]
+        node.pop(last, None)
     return data
 
 

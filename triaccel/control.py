@@ -141,8 +141,8 @@ class TriAccelLoop(Callback):
         # plan's new kernels and, into fp16, the GradScaler's skipped steps)
         self.win_disturbed = False
         # cudnn_benchmark: null is on from the first step (triaccel.device.cudnn_benchmark_for) except
-        # under the paper's batch rule, whose size moves every window: there it is off until the batch
-        # and the plan settle. Switching it on then tunes only shapes met afterwards (the short last
+        # under the paper's batch rule, whose size moves every window: there it is off until the plan
+        # settles (or the first epoch ends). Switching it on then tunes only shapes met afterwards (the short last
         # batch, evaluation): torch's cuDNN plan cache keeps the untuned choice of every shape already met
         self.autotune_due = tr.device.type == "cuda" and tr.cfg.cudnn_benchmark is None \
             and not torch.backends.cudnn.benchmark
