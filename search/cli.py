@@ -10,30 +10,40 @@ import sys
 from triaccel.search.storage import use_storage
 
 
+def exit_status(command: str, out: dict | None) -> int:
+    """1 where every trial of the search failed, else 0. Such a search still closes FINISHED and exports its
+    baseline, but a script that runs it (search, then export, then train) must not read it as a success: the
+    failures are nearly always the user's model or data failing on the workers, which every trial repeats."""
+    if not out or not out.get("trials") or out.get("failed") != out["trials"]:
+        return 0
+    print(f"triaccel {command} '{out['name']}': every trial failed ({out['failed']} of {out['trials']}; each one's "
+          f"reason is on its line above and in its MLflow run): exit status 1", file=sys.stderr, flush=True)
+    return 1
+
+
 def cmd_search(args) -> int:
     use_storage(args.storage)
-    from triaccel.api import search
+    from triaccel.search.runner import run_search
 
-    search(args.space, name=args.name, trials=args.trials, concurrency=args.concurrency,
-           gpus_per_trial=args.gpus_per_trial, address=args.address, confirm=args.confirm, read_back=False,
-           fresh_baselines=args.fresh_baselines, warm_start=args.warm_start, warm_start_k=args.warm_start_k)
-    return 0
+    out = run_search(args.space, name=args.name, trials=args.trials, concurrency=args.concurrency,
+                     gpus_per_trial=args.gpus_per_trial, address=args.address, confirm=args.confirm,
+                     fresh_baselines=args.fresh_baselines, warm_start=args.warm_start,
+                     warm_start_k=args.warm_start_k)
+    return exit_status("search", out)
 
 
 def cmd_resume(args) -> int:
     use_storage(args.storage)
     from triaccel.search.runner import resume_search
 
-    resume_search(args.name, address=args.address, confirm=args.confirm)
-    return 0
+    return exit_status("resume", resume_search(args.name, address=args.address, confirm=args.confirm))
 
 
 def cmd_extend(args) -> int:
     use_storage(args.storage)
     from triaccel.search.extend import extend_search
 
-    extend_search(args.name, args.trials, address=args.address, confirm=args.confirm)
-    return 0
+    return exit_status("extend", extend_search(args.name, args.trials, address=args.address, confirm=args.confirm))
 
 
 def cmd_export(args) -> int:

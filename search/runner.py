@@ -262,5 +262,5 @@ def finish(name: str, space: SearchSpace, uri: str, confirm: int) -> dict:
     c, _ = open_store(uri)
     c.set_terminated(parent_run(name, space, uri), status="FINISHED")
     best = o.best.row if o.best else None
-    return {"finished": len(o.ranked), "feasible": len(o.feasible), "failed": len(o.failed), "trials": o.trials,
+    return {"name": name, "finished": len(o.ranked), "feasible": len(o.feasible), "failed": len(o.failed), "trials": o.trials,
             "best": best, "pick": p.kind if p else None}

@@ -168,6 +168,28 @@ def test_diverging_trial_fails_with_reason_and_search_goes_on(searched):
     assert all(r.info.status == "FINISHED" for r in sane)
 
 
+def test_a_search_whose_every_trial_failed_exits_1_and_still_exports_its_baseline(tmp_path):
+    """A search in a script (search, export, train) read a search whose every trial had failed (the user's
+    model failing on the workers, a learning rate that diverges) as a success: it exited 0. It still closes
+    FINISHED with the static baseline as its pick, and exits 1 with one line saying why."""
+    d = with_store(tmp_path)
+    space = {**DIGITS_SPACE, "name": "dead", "trials": 1, "concurrency": 1,
+             "train": {**DIGITS_SPACE["train"], "epochs": 1},
+             "params": {"optim.lr": {"distribution": "categorical", "choices": [1.0e5, 2.0e5]}}}  # both diverge
+    (d / "space.yaml").write_text(yaml.safe_dump(space))
+    r = cli("search", "--space", "space.yaml", "--confirm", "0", cwd=d)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-3000:]
+    assert r.stderr.strip().splitlines()[-1] == (
+        "triaccel search 'dead': every trial failed (1 of 1; each one's reason is on its line above and in its "
+        "MLflow run): exit status 1"), r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and "failed: Diverged" in r.stdout, r.stdout[-2000:]
+    r = cli("export", "dead", "--out", "tuned.yaml", cwd=d)
+    assert r.returncode == 0 and "every trial failed" in r.stdout, r.stdout + r.stderr[-2000:]
+    assert yaml.safe_load((d / "tuned.yaml").read_text())["mode"] == "amp"  # the static baseline
+    r = cli("resume", "dead", cwd=d)  # trains nothing: its status is not the search's again
+    assert r.returncode == 0 and "has finished" in r.stdout, r.stdout + r.stderr[-2000:]
+
+
 def test_parent_run_carries_best_importances_and_plot(searched):
     d, _ = searched
     c, parents = trial_runs(d, "t1", role="parent")
