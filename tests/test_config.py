@@ -176,3 +176,20 @@ def test_a_named_models_key_written_beside_class_path_is_refused_and_a_class_pat
     assert load_config(p) == dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, width=32))
     with pytest.raises(ConfigError, match="^" + said.format(key="width")):  # a hand-written dict, as a file
         triaccel.api.load({"model": {"class_path": "torch.nn:Linear", "width": 4}})
+
+
+def test_a_runnable_config_leaves_out_the_other_optimizers_keys(tmp_path):
+    """An export of a language model (AdamW) wrote optim.momentum and optim.nesterov, which AdamW never
+    reads, as if they were tuned; an SGD export wrote AdamW's betas. Each is left out, and the file reads
+    back to the same run."""
+    import yaml
+
+    from triaccel.config import load_config, runnable_dict
+
+    for name, gone, kept in (("adamw", {"momentum", "nesterov"}, "betas"), ("sgd", {"betas"}, "momentum")):
+        cfg = load_config(None, [f"optim.name={name}"])
+        written = runnable_dict(cfg)["optim"]
+        assert not gone & set(written) and kept in written, written
+        p = tmp_path / f"{name}.yaml"
+        p.write_text(yaml.safe_dump(runnable_dict(cfg)))
+        assert load_config(p) == cfg

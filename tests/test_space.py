@@ -428,6 +428,12 @@ _WIDTH = {"model.width": {"distribution": "int", "low": 8, "high": 64}}
     ({"epochs": 2, "mode": "triaccel", "data": {"class_path": "pkg.data"}},
      {"data.image_size": {"distribution": "categorical", "choices": [16, 32]}},
      r"params.data.image_size: the run never reads it: train.data.class_path builds the data"),
+    # one optimizer's keys under the other: AdamW has no momentum, SGD no betas
+    ({"epochs": 2, "optim": {"name": "adamw"}}, {"optim.momentum": {"distribution": "uniform", "low": 0.8, "high": 0.95}},
+     r"^s.yaml: params.optim.momentum: the run never reads it: train.optim.name is adamw: optim.momentum is read "
+     r"only under optim.name sgd$"),
+    ({"epochs": 2}, {"optim.betas": {"distribution": "categorical", "choices": [[0.9, 0.95], [0.9, 0.999]]}},
+     r"params.optim.betas: the run never reads it: train.optim.name is sgd"),
 ])
 def test_a_searched_key_the_run_never_reads_is_refused(train, params, match):
     with pytest.raises(ConfigError, match=match):
@@ -438,6 +444,9 @@ def test_a_searched_key_is_read_where_the_key_that_decides_is_searched_too():
     mode = {"mode": {"distribution": "categorical", "choices": ["amp", "triaccel"]}}
     parse_space({"train": {"epochs": 2, "mode": "amp"}, "params": {**_TAU, **mode}}, source="s.yaml", strict=True)
     parse_space({"train": {"epochs": 2, "mode": "triaccel"}, "params": {**_WIDTH}}, source="s.yaml", strict=True)
+    opt = {"optim.name": {"distribution": "categorical", "choices": ["sgd", "adamw"]},
+           "optim.momentum": {"distribution": "uniform", "low": 0.8, "high": 0.95}}
+    parse_space({"train": {"epochs": 2, "optim": {"name": "adamw"}}, "params": opt}, source="s.yaml", strict=True)
 
 
 @pytest.mark.parametrize("params,match", [

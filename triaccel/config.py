@@ -621,7 +621,7 @@ class TrainConfig:
 def unread_keys(cfg: TrainConfig) -> dict[str, tuple[str, str]]:
     """The dotted keys a run of ``cfg`` never reads (a trailing dot: a whole section), each with the key
     that decides it and why: a static run's triaccel section, the Hessian probe's keys under the Fisher
-    proxy, a built-in dataset's or model's keys beside a class_path."""
+    proxy, one optimizer's keys under the other, a built-in dataset's or model's keys beside a class_path."""
     out = {}
     if cfg.mode != "triaccel":
         out["triaccel."] = ("mode", f"train.mode is {cfg.mode}: the triaccel section is read only in mode "
@@ -631,6 +631,10 @@ def unread_keys(cfg: TrainConfig) -> dict[str, tuple[str, str]]:
         for key in c.unread():
             out[f"triaccel.curvature.{key}"] = ("triaccel.curvature.method", f"train.triaccel.curvature.method is "
                                                 f"{c.method}: the Hessian probe's keys are read only under method power")
+    sgd_only, adamw_only = ("momentum", "nesterov"), ("betas",)
+    for key in adamw_only if cfg.optim.name == "sgd" else sgd_only:
+        out[f"optim.{key}"] = ("optim.name", f"train.optim.name is {cfg.optim.name}: optim.{key} is read only "
+                                             f"under optim.name {'adamw' if cfg.optim.name == 'sgd' else 'sgd'}")
     for section in ("data", "model"):
         for key in getattr(cfg, section).unread():
             out[f"{section}.{key}"] = (f"{section}.class_path", f"train.{section}.class_path builds the {section}; "
