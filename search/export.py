@@ -76,7 +76,10 @@ def exported_config(space, chosen, epochs: int | None):
         train = space.train_dict(row["values"])
     train.setdefault("tracking", {})
     train["tracking"] = {**train["tracking"], "enabled": True, "experiment": "triaccel-train"}
-    train["evaluate_test"] = True
+    # the trials and baselines never evaluate the test split (selection is on validation); the production run
+    # does, unless the space's train settings say it must not (a test split the user keeps for later)
+    written = space.raw.get("train") if isinstance(space.raw.get("train"), dict) else {}
+    train["evaluate_test"] = written.get("evaluate_test", True) is not False
     cfg = from_dict(TrainConfig, train)  # what `triaccel train --config` will accept
     searched_epochs = cfg.epochs
     if epochs is None and space.production_epochs:  # the length the space declares (and the judge judged at)

@@ -136,3 +136,20 @@ def test_a_static_export_and_the_summary_columns_read_plainly():
     assert headers(["triaccel.batch.grow_factor", "optim.lr"]) == ["grow_factor", "lr"]
     assert headers(["triaccel.batch.rho_high", "triaccel.precision.rho_high"]) == ["batch.rho_high",
                                                                                    "precision.rho_high"]
+
+
+def test_the_export_evaluates_the_test_split_unless_the_space_says_it_must_not():
+    """The trials and baselines never evaluate the test split; the exported production run does. A space whose
+    train settings say `evaluate_test: false` (a test split kept for later) was exported as true without a
+    word; its export keeps false now, for a trial and for the baseline alike."""
+    from triaccel.search.export import exported_config
+    from triaccel.search.results import Pick
+    from triaccel.search.space import parse_space
+
+    for written, want in ((None, True), (False, False), (True, True)):
+        train = dict(SPACE["train"], **({} if written is None else {"evaluate_test": written}))
+        space = parse_space(dict(SPACE, train=train, baseline={"batch_sizes": [64]}), source="s.yaml")
+        for pick in (Pick("trial", {"values": {"triaccel.precision.tau_low": 1e-6}}, {}, ""),
+                     Pick("baseline", {"tags": {"triaccel.baseline": "amp-bf16-B64"}}, {}, "")):
+            cfg, _, _ = exported_config(space, pick, None)
+            assert cfg.evaluate_test is want, (written, pick.kind)
