@@ -292,6 +292,10 @@ def parse_space(data: dict, source: str = "<dict>", sha256: str = "", strict: bo
     src = source
     if not isinstance(data, dict):
         raise ConfigError(f"{src}: top level must be a mapping")
+    if "train" not in data and "params" not in data and {"mode", "model", "optim", "epochs", "data"} & set(data):
+        raise ConfigError(f"{src}: a training config, not a search space (it has no train: and params:): "
+                          f"`triaccel train --config {src}` trains it; a space holds such settings under train: "
+                          f"and the keys it searches under params: (docs/search.md)")
     for k in data:
         if k not in TOP_KEYS:
             raise field_error(src, k, unknown_key(k, TOP_KEYS))

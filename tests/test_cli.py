@@ -53,6 +53,9 @@ def _one_clean_line(r, match):
     ("epochs: 1\n", ["--config", "c.yaml", "--set", "optim.lr=-2"], "optim.lr: must be > 0"),
     (b"PK\x03\x04\x14\x00\x08\x08\xb5", ["--config", "c.yaml"], "c.yaml: not a YAML text file (not UTF-8: byte 0xb5 at offset 8)"),
     ("# epochs: 3\n", ["--config", "c.yaml"], "c.yaml: is empty (no settings)"),
+    # a search space given as a config: named as one, not as `name: unknown key`
+    ("name: s\ntrain: {epochs: 1}\nparams: {}\n", ["--config", "c.yaml"],
+     "c.yaml: a search space, not a training config (it has train: and params:): `triaccel search --space c.yaml`"),
     ("", ["--config", "c.yaml", "--set", "epochs=1"], "c.yaml: is empty (no settings)"),
     # keys the dataset would ignore: trained on digits while the user pointed at a folder
     ("data: {name: digits, data_dir: /tmp}\n", ["--config", "c.yaml"],

@@ -88,6 +88,9 @@ def _space(**params):
                "triaccel.batch.rho_high": {"distribution": "uniform", "low": 0.5, "high": 0.9}}),
      "params.triaccel.batch.rho_high: ranges overlap"),
     ({"params": {}}, "s.yaml: train: missing"),
+    # a training config given as a space: named as one, not as `mode: unknown key`
+    ({"mode": "triaccel", "epochs": 2, "model": {"name": "small_cnn"}},
+     "s.yaml: a training config, not a search space (it has no train: and params:): `triaccel train --config s.yaml`"),
     ({"train": {"epochs": 0}, "params": {"optim.lr": {"distribution": "uniform", "low": 0.1, "high": 0.2}}},
      "s.yaml: train.epochs: must be >= 1"),
 ])

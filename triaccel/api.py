@@ -55,10 +55,12 @@ def _with_refs(data: dict, model, data_factory) -> dict:
 
 def load(config: str | os.PathLike | dict, model=None, data=None, overrides: list[str] | None = None):
     """A TrainConfig from a path or dict, with the model and data factories set."""
-    from triaccel.config import load_config, read_yaml
+    from triaccel.config import load_config, read_yaml, refuse_a_space
 
     path = None if isinstance(config, dict) else config
     raw = read_yaml(config) if path is not None else config
+    if path is not None:
+        refuse_a_space(raw, path)
     if not isinstance(raw, dict):
         raise ConfigError(f"config: must be a YAML path or a dict, got {type(config).__name__}")
     try:

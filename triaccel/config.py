@@ -656,6 +656,14 @@ def runnable_dict(cfg: TrainConfig) -> dict:
     return data
 
 
+def refuse_a_space(data, path) -> None:
+    """A search space handed where a training config goes is named as one (else: `name: unknown key`)."""
+    if isinstance(data, dict) and isinstance(data.get("train"), dict) and "params" in data:
+        raise ConfigError(f"{path}: a search space, not a training config (it has train: and params:): "
+                          f"`triaccel search --space {path}` searches it; its train: section alone is a "
+                          f"training config")
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 base: dict | None = None, written_model: dict | None = None) -> TrainConfig:
     """Load a TrainConfig from YAML plus ``key=value`` overrides; errors name file and key.
@@ -664,6 +672,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     data = dict(base or {})
     if path is not None:
         data = read_yaml(path)
+        refuse_a_space(data, path)
     sets = parse_overrides(overrides or [])
     written = written_model if written_model is not None else data.get("model")
     written = dict(written) if isinstance(written, dict) else None  # before the --set keys
