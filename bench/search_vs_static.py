@@ -88,6 +88,10 @@ def train(d: dict, seed: int) -> dict:
     if t.graphs is not None:
         out.update(t.graphs.stats(), capture_disabled=t.graphs.disabled)
     out["peak_reserved_gib"] = t.history.epochs[-1].get("peak_reserved_gib")
+    # what the meter leaves out of every peak (the process's earlier tensors, the resident data) and the
+    # allocator's own figure: a run in a process of its own and one after others must differ only in the first
+    out.update(held_before_gib=t.held_before_bytes / 2**30, data_gib=t.data_bytes / 2**30,
+               peak_alloc_raw_per_epoch=[e.get("peak_alloc_raw_gib") for e in t.history.epochs])
     return out
 
 

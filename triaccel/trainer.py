@@ -207,6 +207,7 @@ class Trainer:
         self.micro_batch = math.ceil(cfg.batch_size / cfg.accum_steps)
         self.buckets = resolve_buckets(cfg)  # what the elastic batch and OOM splits move between
         self.meter = MemoryMeter(self.device, baseline_bytes=held_before + data_bytes)
+        self.held_before_bytes, self.data_bytes = held_before, data_bytes  # what the meter leaves out
         self.graphs: StepGraphs | None = None  # captured micro-batches (triaccel.capture)
         if cfg.capture:
             if self.device.type == "cuda":
