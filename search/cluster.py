@@ -30,10 +30,13 @@ def on_gpu(space: SearchSpace) -> bool:
 
 
 def shared_trials(space: SearchSpace) -> int:
-    """How many trials run at once on one device (recorded with every measurement)."""
+    """How many trials run at once on one device (recorded with every measurement): as many as its share
+    admits, on a GPU; on CPUs, as many as this machine's CPUs hold at cpus_per_trial each (a cluster's
+    CPU nodes are judged by the driver's machine: each trial's gpu_share is then a guess)."""
     if on_gpu(space):
         return max(1, min(space.concurrency, int(math.floor(1 / space.gpus_per_trial + 1e-9))))
-    return max(1, min(space.concurrency, os.cpu_count() or 1))
+    fit = int(math.floor((os.cpu_count() or 1) / max(space.cpus_per_trial, 1e-9) + 1e-9))
+    return max(1, min(space.concurrency, fit))
 
 
 def gpu_share(space: SearchSpace, shared: int) -> float:

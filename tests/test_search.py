@@ -338,6 +338,9 @@ def test_a_cpu_space_on_a_gpu_machine_asks_for_no_gpu(monkeypatch, tmp_path):
         cluster.check_resources(parse_space(dict(SPACE, gpus_per_trial=4, train=dict(SPACE["train"], device="cuda"))),
                                None)
     assert cluster.shared_trials(cpu) == min(2, os.cpu_count()) and cluster.shared_trials(gpu) == 4
+    # two CPUs a trial: as many at once as this machine's CPUs hold (Ray schedules no more), not one per CPU
+    wide = parse_space(dict(SPACE, concurrency=8, cpus_per_trial=2))
+    assert cluster.shared_trials(wide) == max(1, min(8, os.cpu_count() // 2))
     assert cluster.gpu_share(cpu, 2) == 0.5 and cluster.gpu_share(gpu, 4) == 0.25
     res = lambda sp: tuner.trial_trainable(sp, 2, None, tmp_path)  # noqa: E731 -- what Tune asks Ray for
     from ray.tune.execution.placement_groups import PlacementGroupFactory
