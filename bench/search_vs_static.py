@@ -117,6 +117,11 @@ def warm_run(d: dict, epochs: int) -> None:
         print(f"--- warm-up run diverged ({e}): discarded as planned", flush=True)
 
 
+class RunFailed(Exception):
+    """A run in its own process ended without a result (killed for memory, a crash): the comparison goes on
+    without it, and --resume trains it again."""
+
+
 def train_isolated(d: dict, seed: int) -> dict:
     """``train(d, seed)`` in a new Python process (``--one-run``): its result, or Diverged raised here."""
     import tempfile
@@ -129,7 +134,7 @@ def train_isolated(d: dict, seed: int) -> dict:
         r = subprocess.run([sys.executable, "-u", __file__, "--one-run", str(job)], text=True)
         out = job.with_suffix(".out.json")
         if r.returncode or not out.is_file():
-            sys.exit(f"a run in its own process failed (exit {r.returncode}): its output is above")
+            raise RunFailed(f"its process exited {r.returncode} (its output is above)")
         res = json.loads(out.read_text())
     if "diverged" in res:
         raise Diverged(res["diverged"])
@@ -340,6 +345,7 @@ def resumed(path: str, res: dict, plan: list) -> list:
         sys.exit(f"--resume {path}: it holds runs this command does not plan ({', '.join(extra)})")
     res["runs"] = old.get("runs") or {}
     res["earlier"] = [*old.get("earlier", []), old.get("env")]
+    res["failed"] = old.get("failed", [])  # runs an earlier command lost: trained again below, their loss kept
     done = {(label, x["seed"]) for label, xs in res["runs"].items() for x in xs}
     return [(label, d, seed) for label, d, seed in plan if (label, seed) not in done]
 
@@ -447,12 +453,20 @@ def main():
         except Diverged as e:  # a run that diverges is a result (a static fp16 run can): kept, out of the means
             print(label, seed, f"diverged: {e}", flush=True)
             r = {"diverged": str(e)}
+        except RunFailed as e:  # no result: the later runs still train, and --resume trains this one again
+            print(label, seed, f"failed: {e}", flush=True)
+            res.setdefault("failed", []).append({"run": label, "seed": seed, "part": part, "why": str(e)})
+            write(args.out, res)
+            continue
         else:
             print(label, seed, {k: r[k] for k in ("val_acc", "epoch_time_last5_s", "peak_mem_gib", "efficiency")},
                   flush=True)
         res["runs"].setdefault(label, []).append({"seed": seed, "part": part, **r})
         summarise(res, variants)
         write(args.out, res)
+    lost = [f"{f['run']} seed {f['seed']}" for f in res.get("failed", []) if f["part"] == part]
+    if lost:
+        sys.exit(f"{len(lost)} run(s) failed ({', '.join(lost)}): `--resume {args.out}` trains them again")
 
 
 if __name__ == "__main__":
