@@ -613,6 +613,11 @@ def test_a_built_model_handed_as_the_factory_is_one_line_naming_the_fix(tmp_path
     with pytest.raises(ConfigError) as e:
         triaccel.train(base, model=nn.Linear(64, 10), data=lambda: tiny_data(tensors=True))
     assert str(e.value) == said
+    # a container's class builds nothing from num_classes: the fix named is a function that returns it
+    with pytest.raises(ConfigError) as e:
+        triaccel.train(base, model=nn.Sequential(nn.Linear(64, 10)), data=lambda: tiny_data(tensors=True))
+    assert str(e.value).endswith("(each run builds its own, sized to the data: model=make_model, a function that "
+                                 "returns the Sequential)"), str(e.value)
     # a search started from a notebook, its model handed again to another process
     monkeypatch.setenv("TRIACCEL_TUNE_DIR", str(tmp_path / "tune"))
     (tmp_path / "tune" / "nb").mkdir(parents=True)

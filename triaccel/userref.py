@@ -58,9 +58,14 @@ def check_factory(fn: Callable, what: str) -> None:
         raise ConfigError(f"{what}: must be a callable or an import path string, got {type(fn).__name__}")
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(fn, torch.nn.Module):
-        raise ConfigError(f"{what}: got a built {type(fn).__name__}; hand the class or function that builds it "
-                          f"(each run builds its own, sized to the data: {what}={type(fn).__name__} or "
-                          f"{what}=make_{what})")
+        cls = type(fn)
+        # a container's class cannot build this model from the arguments a factory gets (num_classes, ...)
+        container = cls.__module__.startswith("torch.nn") and cls.__name__ in ("Sequential", "ModuleList",
+                                                                               "ModuleDict")
+        how = (f"{what}=make_{what}, a function that returns the {cls.__name__}" if container else
+               f"{what}={cls.__name__} or {what}=make_{what}")
+        raise ConfigError(f"{what}: got a built {cls.__name__}; hand the class or function that builds it "
+                          f"(each run builds its own, sized to the data: {how})")
 
 
 def is_callable_ref(ref: str | None) -> bool:
