@@ -56,6 +56,26 @@ class Judged:
     pairs: list  # results.Paired, one per judged candidate, in the order judged
     winner: object  # results.Paired | None (None: the static reference is exported)
     runs: dict  # judged_runs(...)
+    search_epochs: int = 0  # the length the search scored its trials at
+    search_ratios: dict = dataclasses.field(default_factory=dict)  # run id -> its ratio at that length
+
+    def agreement(self) -> dict:
+        """How the search's verdicts held at the production length, measured, not assumed: Kendall's tau
+        between each judged trial's ratio to the reference at the search's length and its paired mean ratio
+        at the production length (the reference, 1.0 at both, ranked among them), and the trials whose
+        side of 1.0 changed. tau is None below three runs."""
+        pts = [(self.search_ratios[p.key], p.mean) for p in self.pairs if self.search_ratios.get(p.key) is not None]
+        flipped = [p.key for p in self.pairs if self.search_ratios.get(p.key) is not None
+                   and (self.search_ratios[p.key] > 1.0) != (p.mean > 1.0)]
+        tau = None
+        if len(pts) + 1 >= 3:
+            from scipy.stats import kendalltau
+
+            a, b = zip(*pts, (1.0, 1.0))
+            t = kendalltau(a, b).statistic
+            tau = None if t != t else float(t)  # NaN where one side has a single value throughout
+        return {"search_epochs": self.search_epochs, "production_epochs": self.epochs, "runs": len(pts) + 1,
+                "kendall_tau": tau, "flipped": flipped}
 
     def mean_metrics(self, key: str) -> dict:
         """A candidate's (or BASELINE's) figures at the production length, averaged over the paired seeds."""
@@ -70,8 +90,10 @@ class Judged:
                         "exceeds 1.0 with mean accuracy within the margin; else the static reference",
                 "candidates": [{"mlflow_run_id": p.key, "ratios": list(p.ratios), "mean": p.mean, "std": p.std,
                                 "lower_bound_95": p.lower, "val_acc_diffs_pp": list(p.acc_diffs),
-                                "val_acc_diff_mean_pp": p.acc_mean, "preferred": p.preferred, "why": p.why}
-                               for p in self.pairs]}
+                                "val_acc_diff_mean_pp": p.acc_mean, "preferred": p.preferred, "why": p.why,
+                                "search_ratio": self.search_ratios.get(p.key)}
+                               for p in self.pairs],
+                "rank_agreement": self.agreement()}
 
 
 def judged(name: str, space: SearchSpace, uri: str, o) -> Judged | None:
@@ -93,7 +115,8 @@ def judged(name: str, space: SearchSpace, uri: str, o) -> Judged | None:
     pairs = [p for p in pairs if p is not None]
     if not pairs:
         return None
-    return Judged(space.production_epochs, ss, label, pairs, verdict(pairs), runs)
+    return Judged(space.production_epochs, ss, label, pairs, verdict(pairs), runs, space.epochs,
+                  {x.row["run_id"]: x.ratio for x in o.ranked if x.row["run_id"] in runs})
 
 
 def run_judge(name: str, space: SearchSpace, uri: str, k: int) -> None:
@@ -150,8 +173,18 @@ def summary_lines(j: Judged, o) -> list[str]:
     out = [f"judged at {j.epochs} epochs (the production length), alone, paired by seed with the reference "
            f"{j.label} (seeds {', '.join(map(str, j.seeds))}):"]
     for p in j.pairs:
-        out.append(f"  {ids.get(p.key, p.key)}: {paired_words(p)}: {'preferred' if p.preferred else 'not preferred'} "
+        was = j.search_ratios.get(p.key)
+        n = j.search_epochs
+        at = f"{was:.3f} at {n} epoch{'' if n == 1 else 's'}, then " if was is not None else ""
+        out.append(f"  {ids.get(p.key, p.key)}: {at}{paired_words(p)}: {'preferred' if p.preferred else 'not preferred'} "
                    f"({p.why})")
+    a = j.agreement()
+    if a["kendall_tau"] is not None or a["flipped"]:
+        tau = "" if a["kendall_tau"] is None else f"Kendall tau {a['kendall_tau']:+.2f} over {a['runs']} runs"
+        flips = (f"{len(a['flipped'])} verdict(s) changed side of 1.0 "
+                 f"({', '.join(ids.get(k, k) for k in a['flipped'])})" if a["flipped"] else "no verdict changed side of 1.0")
+        out.append(f"  rank agreement, {j.search_epochs} against {j.epochs} epochs (the reference included): "
+                   f"{tau + '; ' if tau else ''}{flips}")
     if j.winner is None:
         out.append(f"  verdict: the static reference {j.label} (no trial's lower bound beat 1.0 at equal accuracy)")
     else:

@@ -318,6 +318,33 @@ def test_the_judged_pick_is_the_static_reference_unless_a_trial_beats_it_at_the_
     assert final_pick(o, space, None).row["run_id"] == "t1"  # not judged: the search's own pick
 
 
+def test_the_judge_measures_how_the_searchs_verdicts_held_at_the_production_length():
+    """Issue 31: judge at the length that matters, and measure the rank agreement rather than assume it. The
+    search scored t1 above the reference and t2 below; at 8 epochs t1 fell below it (a verdict that changed
+    side) and t2 stayed below: Kendall's tau over t1, t2 and the reference (1.0 at both lengths)."""
+    from scipy.stats import kendalltau
+
+    from triaccel.search import judge as J
+
+    o, j = _judged_outcome([0.95, 0.94, 0.96])
+    t2 = R.paired("t2", {s: dict(m, efficiency=m["efficiency"] * 0.9) for s, m in j.runs["baseline"].items()},
+                  j.runs["baseline"], 0.5)
+    j = J.Judged(8, [0, 1, 2], "b512", [*j.pairs, t2], None, j.runs, 4, {"t1": 1.04, "t2": 0.97})
+    a = j.agreement()
+    want = kendalltau([1.04, 0.97, 1.0], [j.pairs[0].mean, 0.9, 1.0]).statistic
+    assert a == {"search_epochs": 4, "production_epochs": 8, "runs": 3, "kendall_tau": pytest.approx(want),
+                 "flipped": ["t1"]}
+    assert j.provenance()["rank_agreement"] == a and j.provenance()["candidates"][0]["search_ratio"] == 1.04
+    lines = J.summary_lines(j, o)
+    assert lines[1].startswith("  t1: 1.040 at 4 epochs, then ratio 0.950 ± ")
+    assert lines[-2] == (f"  rank agreement, 4 against 8 epochs (the reference included): Kendall tau {want:+.2f} "
+                         f"over 3 runs; 1 verdict(s) changed side of 1.0 (t1)")
+    # one trial judged: two runs rank nothing, and a verdict that held is said to have held
+    one = J.Judged(8, [0, 1, 2], "b512", [t2], None, j.runs, 4, {"t2": 0.97})
+    assert one.agreement()["kendall_tau"] is None and one.agreement()["flipped"] == []
+    assert not any("rank agreement" in x for x in J.summary_lines(one, o))
+
+
 def test_the_summary_lists_every_trial_and_says_what_asha_did(capsys):
     """The summary listed only the top 8 ranked trials: a stopped or failed trial was in no row, and its
     columns were cut (grow_facto). Every trial has a row; a stopped one says 'stopped early at epoch 2 (ASHA)';

@@ -724,7 +724,7 @@ def test_the_judge_pairs_trial_and_reference_by_seed_at_the_production_length(tm
     space["start"] = [{"optim.lr": 0.05}]
     space["train"] = dict(SPACE["train"], epochs=1)
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
-    r = cli("search", "--space", "space.yaml", "--name", "j", "--confirm", "1", cwd=tmp_path)
+    r = r_search = cli("search", "--space", "space.yaml", "--name", "j", "--confirm", "1", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     (t,), (b,) = trial_runs(tmp_path, "j")[1], trial_runs(tmp_path, "j", role="baseline")[1]
     _, judged = trial_runs(tmp_path, "j", role="judge")
@@ -745,6 +745,11 @@ def test_the_judge_pairs_trial_and_reference_by_seed_at_the_production_length(tm
     assert cand["ratios"] == pytest.approx(ratios) and cand["mlflow_run_id"] == t.info.run_id
     mean, sd = sum(ratios) / 2, abs(ratios[0] - ratios[1]) / 2 ** 0.5
     assert cand["lower_bound_95"] == pytest.approx(mean - 6.314 * sd / 2 ** 0.5)
+    # how the search's 1-epoch verdict held at 2 epochs: the trial's ratio there, and whether it changed side
+    agree = prov["judge"]["rank_agreement"]
+    assert (agree["search_epochs"], agree["production_epochs"], agree["runs"]) == (1, 2, 2), agree
+    assert agree["flipped"] == ([t.info.run_id] if (cand["search_ratio"] > 1) != (mean > 1) else []), agree
+    assert f"{cand['search_ratio']:.3f} at 1 epoch, then ratio" in r_search.stdout, r_search.stdout
     if cand["lower_bound_95"] > 1.0:
         assert prov["exported"] == "trial" and doc["mode"] == "triaccel"
     else:  # the static reference, as the baseline ran it
