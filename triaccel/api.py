@@ -219,8 +219,8 @@ def search(space: str | os.PathLike | dict, model: Callable | str | None = None,
            gpus_per_trial: float | None = None, address: str | None = None,
            confirm: int | None = None, read_back: bool = True, fresh_baselines: bool = False,
            warm_start: str | None = None, warm_start_k: int | None = None) -> SearchResult | None:
-    """Search a space (as `triaccel search`) and return its outcome (``read_back``: False returns None,
-    as the CLI, which has printed it). Factories handed here reach the Ray workers (by value when they
+    """Search a space (as `triaccel search`) and return its outcome (``read_back``: False returns None: the
+    summary has been printed). Factories handed here reach the Ray workers (by value when they
     have no import path: a notebook's functions). ``warm_start`` names an earlier search whose best
     ``warm_start_k`` feasible trials run first; ``fresh_baselines`` re-measures reusable baselines."""
     from triaccel.search.runner import run_search
