@@ -38,8 +38,8 @@ def _one_clean_line(r, match):
     ("model: {name: vgg99}\n", ["--config", "c.yaml"], "c.yaml: model.name: unknown model 'vgg99' (valid: efficientnet_b0, mlp, resnet18, small_cnn)"),
     ("data: {name: mnist}\n", ["--config", "c.yaml"], "c.yaml: data.name: unknown dataset 'mnist'"),
     # the same key given by --set, or its section replaced by --set: the file is not where it is wrong
-    ("epochs: 1\n", ["--config", "c.yaml", "--set", "model.name=vgg99"], "triaccel: error: model.name: unknown model 'vgg99'"),
-    ("epochs: 1\n", ["--config", "c.yaml", "--set", "model={name: vgg99}"], "triaccel: error: model.name: unknown model"),
+    ("epochs: 1\n", ["--config", "c.yaml", "--set", "model.name=vgg99"], "triaccel: error: --set model.name: unknown model 'vgg99'"),
+    ("epochs: 1\n", ["--config", "c.yaml", "--set", "model={name: vgg99}"], "triaccel: error: --set model: model.name: unknown model"),
     # a factory's argument: the file's where the file wrote it, not where --set added it
     ("model: {class_path: torch.nn.Linear, init_args: {in_features: 64, out_features: 10, bogus: 1}}\n",
      ["--config", "c.yaml"], "triaccel: error: c.yaml: model.class_path: torch.nn.Linear(...) raised TypeError"),

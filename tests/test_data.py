@@ -167,12 +167,24 @@ def test_unreadable_image_is_named(tmp_path):
 
 @pytest.mark.parametrize("cfg,match", [
     (DataConfig(name="cifar10"), "data.data_dir: CIFAR-10 needs a data_dir"),
-    (DataConfig(name="imagenet"), "data.name: unknown dataset 'imagenet'"),
     (DataConfig(name="imagefolder", data_dir="/nonexistent/x"), "/nonexistent/x: data_dir does not exist"),
 ])
 def test_data_errors(cfg, match):
     with pytest.raises(DataError, match=match):
         load_splits(cfg)
+
+
+def test_an_unknown_dataset_is_refused_with_the_config_not_when_it_loads():
+    """A space that misspelled data.name passed the search's checks, took its name, and failed after its
+    header (the name then refused a corrected space): the name is checked where the config is made."""
+    from triaccel.config import KNOWN_DATASETS
+    from triaccel.data import DATASETS
+    from triaccel.errors import ConfigError
+
+    assert KNOWN_DATASETS == set(DATASETS)  # the config's list follows the loaders'
+    with pytest.raises(ConfigError, match=r"^data.name: unknown dataset 'digitz', did you mean digits\? \(valid: "):
+        DataConfig(name="digitz")
+    assert DataConfig(name="digitz", class_path="pkg.make").class_path == "pkg.make"  # the user's data: not read
 
 
 def test_cifar_offline_without_files_says_how(tmp_path):

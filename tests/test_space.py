@@ -88,6 +88,9 @@ def _space(**params):
                "triaccel.batch.rho_high": {"distribution": "uniform", "low": 0.5, "high": 0.9}}),
      "params.triaccel.batch.rho_high: ranges overlap"),
     ({"params": {}}, "s.yaml: train: missing"),
+    # a misspelled name: refused with the space, before the search takes its name (it failed after its header)
+    ({"train": {"epochs": 2, "data": {"name": "digitz"}}, "params": {}}, "s.yaml: train.data.name: unknown dataset 'digitz', did you mean digits?"),
+    ({"train": {"epochs": 2, "model": {"name": "resnt18"}}, "params": {}}, "s.yaml: train.model.name: unknown model 'resnt18', did you mean resnet18?"),
     # a training config given as a space: named as one, not as `mode: unknown key`
     ({"mode": "triaccel", "epochs": 2, "model": {"name": "small_cnn"}},
      "s.yaml: a training config, not a search space (it has no train: and params:): `triaccel train --config s.yaml`"),

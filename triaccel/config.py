@@ -73,6 +73,17 @@ def _check_reference(section, key: str) -> None:
            f"are the arguments of {key}.class_path, which is not set")
 
 
+KNOWN_DATASETS = {"digits", "cifar10", "cifar100", "imagefolder"}  # triaccel.data.DATASETS' names
+
+
+def unknown_name(what: str, name, valid) -> str:
+    """'unknown dataset 'digitz', did you mean digits? (valid: ...)': the nearest name where one is near."""
+    import difflib
+
+    near = difflib.get_close_matches(str(name), sorted(valid), n=1, cutoff=0.75)
+    return f"unknown {what} {name!r}{f', did you mean {near[0]}?' if near else ''} (valid: {', '.join(sorted(valid))})"
+
+
 @dataclass
 class DataConfig:
     name: str = "digits"  # digits | cifar10 | cifar100 | imagefolder (ignored when class_path is set)
@@ -99,6 +110,9 @@ class DataConfig:
         _check(self.crop_padding >= 0, "data.crop_padding", "must be >= 0")
         # as `seed`: torch.Generator takes no seed past 64 bits ("Overflow when unpacking long long")
         _check(0 <= self.split_seed < 2**32, "data.split_seed", f"must be in [0, 2**32), got {self.split_seed}")
+        # with the config, not when the data loads: a search whose space misspells it took its name first
+        _check(self.class_path is not None or self.name in KNOWN_DATASETS, "data.name",
+               unknown_name("dataset", self.name, KNOWN_DATASETS))
         _check_reference(self, "data")
 
     def unread(self) -> tuple[str, ...]:
@@ -124,7 +138,8 @@ class DataConfig:
 
 
 RESIZING_MODELS = {"efficientnet_b0"}  # the models that read model.resize (triaccel.models.MODELS)
-KNOWN_MODELS = {"resnet18", "efficientnet_b0", "small_cnn", "mlp"}  # an unknown name is said by build_model
+KNOWN_MODELS = {"resnet18", "efficientnet_b0", "small_cnn", "mlp"}  # triaccel.models.MODELS' names
+ZOO_SOURCES = ("torchvision", "timm")  # model.name: SOURCE/NAME (triaccel.hub)
 
 
 @dataclass
@@ -152,6 +167,11 @@ class ModelConfig:
         _check(0 < self.width <= MAX_WIDTH, "model.width",
                f"must be in [1, {MAX_WIDTH}] (small_cnn's first-conv channels, mlp's hidden units), got {self.width}")
         _check_reference(self, "model")
+        if self.class_path is None:  # with the config, not when the model is built (as data.name)
+            source, slash, arch = self.name.partition("/")
+            _check(slash or self.name in KNOWN_MODELS, "model.name", unknown_name("model", self.name, KNOWN_MODELS))
+            _check(not slash or (source in ZOO_SOURCES and arch), "model.name",
+                   f"unknown model {self.name!r} (a zoo model is torchvision/NAME or timm/NAME)")
         _check(not self.kwargs or "/" in self.name, "model.kwargs",
                f"are a zoo model's arguments (model.name: torchvision/NAME or timm/NAME); {self.name} takes none")
 
