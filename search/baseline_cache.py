@@ -3,9 +3,11 @@
 A baseline run carries ``triaccel.baseline_key``: a hash of everything that decides its figures --
 the resolved training config (model, data, epochs, seed, dtype, batch, capture, compile, optimizer,
 every key but tracking, names and the exported provenance), the device model (the GPU's name, or
-'cpu' with the CPU's model and torch's thread count), and the torch, CUDA and project versions (the
+'cpu' with the CPU's model and torch's thread count), the torch, CUDA and project versions (the
 package version and git revision, or a hash of the package source where the tree has no clean
-revision). A new search looks in its MLflow store for a FINISHED baseline run of the same key that
+revision), and the user's model and data code where a class_path names it (``user_code``: the
+package's sources, or a handed function's script, source and plain globals). Data files the user's
+code reads are not in the key: ``--fresh-baselines`` re-measures after they change. A new search looks in its MLflow store for a FINISHED baseline run of the same key that
 reached its epochs, and logs a child run of its own that copies the source's params and every
 metric's history, tagged ``triaccel.reused_from`` (the run first trained), ``..._search`` and
 ``..._date``: the rules, the summary and the UI read it as a baseline trained today. The store is
@@ -89,9 +91,127 @@ def versions() -> dict:
     return out
 
 
+MAX_PACKAGE_FILES = 2000  # a user package hashed whole up to this many .py files; beyond, never reused
+
+
+def _simple_globals(fn) -> list:
+    """The plain values (numbers, text, tuples of them) a function's code reads as globals, nested code
+    included: a script that sets WIDTH = 1024 instead of 8 builds another model from the same source."""
+    import types
+
+    names, todo = set(), [getattr(fn, "__code__", None)]
+    while todo:
+        code = todo.pop()
+        if code is None:
+            continue
+        names.update(code.co_names)
+        todo += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    g = getattr(fn, "__globals__", {})
+    return sorted((n, repr(g[n])) for n in names
+                  if n in g and isinstance(g[n], (int, float, str, bool, bytes, tuple, type(None))))
+
+
+def _code_of(fn) -> str | None:
+    """What a factory handed from Python is made of: its module's file where it has one (a script), its own
+    source, defaults, closure and the plain globals it reads; None where none of that can be read."""
+    import inspect
+    import marshal
+    import sys
+
+    parts = []
+    mod = sys.modules.get(getattr(fn, "__module__", None) or "")
+    f = getattr(mod, "__file__", None)
+    if f and Path(f).is_file():
+        parts.append(Path(f).read_bytes().hex())
+    if hasattr(fn, "__code__"):  # a function, also one typed at `python -c` or a REPL, which has no source
+        parts.append(marshal.dumps(fn.__code__).hex())
+    else:  # a class: its source, where it is in a file or a notebook cell
+        try:
+            parts.append(inspect.getsource(fn))
+        except (OSError, TypeError):
+            pass
+    if not parts:
+        return None
+    cells = [repr(c.cell_contents) for c in (getattr(fn, "__closure__", None) or ()) if _filled(c)]
+    parts += [repr(getattr(fn, "__defaults__", None)), repr(getattr(fn, "__kwdefaults__", None)), *cells,
+              repr(_simple_globals(fn))]
+    return "\n".join(parts)
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # a cell not yet assigned
+        return False
+    return True
+
+
+def _package_code(ref: str) -> str | None:
+    """The source of the package (or lone module) an import path names: every .py file under its top-level
+    package, so an edit anywhere the factory may import from is seen. None where it cannot be read whole."""
+    import importlib.metadata
+    import importlib.util
+
+    from triaccel.userref import _cwd_on_path, module_of
+
+    top = module_of(ref).split(".")[0]
+    _cwd_on_path()  # where the search's own import looks first
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    where = [*(spec.submodule_search_locations or ()), spec.origin or ""]
+    if any(part in ("site-packages", "dist-packages") for w in where for part in Path(w).parts):
+        # an installed library (torch.nn:Linear, a team's released package): named by its version
+        dists = importlib.metadata.packages_distributions().get(top, [])
+        try:
+            return ";".join(f"{d}=={importlib.metadata.version(d)}" for d in sorted(dists)) or None
+        except importlib.metadata.PackageNotFoundError:
+            return None
+    if spec.submodule_search_locations:
+        files = sorted(f for d in spec.submodule_search_locations for f in Path(d).rglob("*.py"))
+    elif spec.origin and Path(spec.origin).is_file():
+        files = [Path(spec.origin)]
+    else:
+        return None
+    if len(files) > MAX_PACKAGE_FILES:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def user_code(cfg) -> dict:
+    """A fingerprint of the user's model and data code, for the sections that name it (class_path): two
+    searches with one config and another model behind ``model=`` (or an edited package) reused each other's
+    baseline. A factory whose code cannot be read gets a fresh token: its baseline is never reused."""
+    import uuid
+
+    from triaccel.userref import CALLABLES, is_callable_ref
+
+    out = {}
+    for section in ("model", "data"):
+        ref = getattr(cfg, section).class_path
+        if ref is None:
+            continue
+        if is_callable_ref(ref):
+            fn = CALLABLES.get(ref)
+            code = _code_of(fn) if fn is not None else None
+        else:
+            code = _package_code(ref)
+        out[section] = hashlib.sha256(code.encode()).hexdigest() if code is not None else f"unread-{uuid.uuid4()}"
+    return out
+
+
 def reuse_key(cfg) -> str:
     """The hash two baseline runs share exactly when one's figures stand for the other's."""
     doc = {"settings": settings(cfg), "device": device_model(cfg.device), **versions()}
+    if code := user_code(cfg):  # the shipped models and data: their code is the project's (versions)
+        doc["user_code"] = code
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 

@@ -38,6 +38,53 @@ def test_reuse_key_follows_device_and_versions(monkeypatch):
     assert baseline_cache.reuse_key(small_cfg()) != base
 
 
+WIDTH = 8  # read as a global by the test's model function: a script's setting, not its source
+
+
+def test_reuse_key_follows_the_users_model_and_data_code(tmp_path, monkeypatch):
+    """A new user's search of a 1024-wide model reused the baseline an 8-wide one had measured under the same
+    config (the same `model=` name, or the same class_path in a package edited since), and judged its trials
+    at 0.02x against it. The user's code is in the key: a package's sources, a handed function's code and
+    the plain globals it reads. An installed library is named by its version."""
+    import sys
+
+    import triaccel.userref as U
+    from triaccel.search import baseline_cache
+
+    key = lambda ref, section="model": baseline_cache.reuse_key(small_cfg(**{f"{section}.class_path": ref}))  # noqa: E731
+    def wide(num_classes, in_channels, image_size):  # handed from Python: no import path (<locals>)
+        from torch import nn
+
+        return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_size ** 2, WIDTH), nn.Linear(WIDTH, num_classes))
+
+    ref = U.reference_of(wide, "model")
+    assert U.is_callable_ref(ref)
+    first = key(ref)
+    assert key(ref) == first  # the same code: reused
+    monkeypatch.setattr(sys.modules[__name__], "WIDTH", 1024)
+    assert key(ref) != first
+    monkeypatch.undo()
+    assert key(ref) == first
+    # a package of the user's, edited between two searches
+    pkg = tmp_path / "ucpkg_key"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "models.py").write_text("def build(num_classes, width=32):\n    return width\n")
+    (pkg / "layers.py").write_text("DEPTH = 2\n")
+    monkeypatch.chdir(tmp_path)
+    before = key("ucpkg_key.models.build")
+    assert key("ucpkg_key.models.build") == before and key("ucpkg_key.models.build", "data") != before
+    (pkg / "layers.py").write_text("DEPTH = 3\n")  # a module the factory may import from
+    assert key("ucpkg_key.models.build") != before
+    # a library installed in site-packages: its version, not its thousands of files
+    import hashlib
+    from importlib.metadata import version
+
+    assert baseline_cache.user_code(small_cfg(**{"model.class_path": "torch.nn:Linear"}))["model"] == \
+        hashlib.sha256(f"torch=={version('torch')}".encode()).hexdigest()
+    assert baseline_cache.user_code(small_cfg()) == {}  # the shipped models and data: their code is the project's
+
+
 def _runs(uri, name, role="baseline"):
     from mlflow.tracking import MlflowClient
 
