@@ -43,6 +43,22 @@ class _Pair(nn.Module):  # a Hugging Face-style forward: (logits, extra)
 
 def returns_a_tuple(num_classes, in_channels, image_size):
     return _Pair(mlp(num_classes, in_channels, image_size))
+
+
+class _FailsLater(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.calls = inner, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls > 8:
+            raise RuntimeError(f"boom at call {self.calls}")
+        return self.inner(x)
+
+
+def fails_later(num_classes, in_channels, image_size, width=16):
+    return _FailsLater(mlp(num_classes, in_channels, image_size, width))
 ''',
     "data.py": '''
 import torch
@@ -79,6 +95,16 @@ def saved(path):  # a file the user keeps beside the space, named by a relative 
 
 def broken(n=1):
     raise RuntimeError("no such table")
+
+
+class _Overstated(Pairs):  # says it holds more examples than it does
+    def __len__(self):
+        return len(self.y) + 5
+
+
+def overstated(n=100):
+    x, y = digits_arrays()
+    return {"train": _Overstated(torch.tensor(x[:n], dtype=torch.float32).unsqueeze(1) / 16, torch.tensor(y[:n]))}
 ''',
 }
 
@@ -99,6 +125,37 @@ def project(tmp_path: Path) -> Path:
 def cli(*args, cwd, timeout=600):
     env = child_env("MLFLOW_TRACKING_URI", "TRIACCEL_TUNE_DIR", "PYTHONPATH")
     return subprocess.run([str(BIN), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_the_users_code_failing_mid_run_is_one_line_naming_its_line(tmp_path):
+    """A dataset whose __getitem__ raises (a length that overstates it) and a model whose forward raises
+    after some steps ended `triaccel train` in a 25-line traceback through the trainer: now one line naming
+    the section, where it happened and the user's line, exit 2; the MLflow run is closed FAILED."""
+    d = project(tmp_path)
+    (d / "c.yaml").write_text(yaml.safe_dump({**CONFIG, "tracking": {"tracking_uri": f"sqlite:///{d}/m.db"}}))
+    r = cli("train", "--config", "c.yaml", "--set", "data.class_path=ucpkg.data.overstated",
+            "--set", "data.init_args={n: 100}", cwd=d)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines() == [
+        f"triaccel: error: data.class_path ucpkg.data.overstated: its train split: example 100 of 105 raised "
+        f"IndexError: index 100 is out of bounds for dimension 0 with size 100 (at {d / 'ucpkg' / 'data.py'}:"
+        f"{(d / 'ucpkg' / 'data.py').read_text().splitlines().index('        return self.x[i], int(self.y[i])') + 1} "
+        f"in __getitem__)"], r.stderr
+    r = cli("train", "--config", "c.yaml", "--set", "model.class_path=ucpkg.models.fails_later", "--set", "epochs=3",
+            cwd=d)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    line = r.stderr.strip().splitlines()[-1]
+    models = (d / "ucpkg" / "models.py").read_text().splitlines()
+    at = next(i for i, ln in enumerate(models, 1) if 'raise RuntimeError(f"boom at call' in ln)
+    assert line.startswith("triaccel: error: model.class_path ucpkg.models.fails_later: raised RuntimeError: "
+                           "boom at call 9 in epoch 2, step 6 ") and \
+        line.endswith(f"(at {d / 'ucpkg' / 'models.py'}:{at} in forward)"), line
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=f"sqlite:///{d}/m.db")
+    (run,) = c.search_runs([c.get_experiment_by_name("triaccel-train").experiment_id],
+                           filter_string="params.`model.class_path` = 'ucpkg.models.fails_later'")
+    assert run.info.status == "FAILED", run.info.status
 
 
 # --------------------------------------------------------------------------- bad references
@@ -440,6 +497,12 @@ def test_readme_notebook_example_runs_as_written(tmp_path):
     assert "'best':" in searched and "0 failed, 4 trials in MLflow" in r.stdout
     state = yaml.safe_load((tmp_path / "mlruns" / "tune" / "notebook-digits" / "triaccel_search.json").read_text())
     assert state["callables"] == {"model.class_path": "callable:make_model", "data.class_path": "callable:make_data"}
+    # its export is trained from Python, handing the functions again: the CLI command would be refused
+    r = cli("export", "notebook-digits", "--out", "nb.yaml", cwd=tmp_path)
+    how = "triaccel.train('nb.yaml', model=make_model, data=make_data) from Python, handing the search's functions again"
+    assert r.returncode == 0 and f"train with `{how}`" in r.stdout and "triaccel train --config" not in r.stdout, \
+        r.stdout + r.stderr
+    assert f"# Train with: {how}\n" in (tmp_path / "nb.yaml").read_text()
     # the search has finished: a resume runs nothing, so it needs nothing handed again
     r = cli("resume", "notebook-digits", cwd=tmp_path)
     assert r.returncode == 0 and "the search has finished; nothing was left to run" in r.stdout, r.stderr

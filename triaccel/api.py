@@ -147,6 +147,8 @@ def run_config(cfg, on_trainer: Callable | None = None) -> TrainResult:
             logger.finish()
     except BaseException as e:
         _close_failed(logger, trainer, e)
+        if (said_user := _users_error(cfg, trainer, e)) is not None:
+            raise said_user from e
         raise
     line = (f"val acc {summary['val_acc']:.2f}%  epoch time (last 5) {summary['epoch_time_last5_s']:.3f}s  "
             f"peak mem {mem_text(summary['peak_mem_gib'])} ({summary['mem_source']})  "
@@ -161,6 +163,32 @@ def run_config(cfg, on_trainer: Callable | None = None) -> TrainResult:
         uri = tracking_uri(cfg.tracking.tracking_uri)
         print(f"MLflow run {logger.run_id} in experiment '{cfg.tracking.experiment}' at {uri}  (browse: triaccel ui)")
     return TrainResult(summary, to_dict(cfg), logger.run_id if logger is not None else None, uri)
+
+
+def _users_error(cfg, trainer, e: BaseException) -> ConfigError | None:
+    """An error raised in the user's model or data code mid-run (a forward that fails at its 31st call) as
+    one line naming the section, the step and the user's line that raised, not a traceback through the
+    trainer; None for anything else (this package's own errors keep their traceback)."""
+    import sys
+
+    from triaccel.userref import is_callable_ref, said, user_frame
+
+    refs = {k: getattr(cfg, k).class_path for k in ("model", "data") if getattr(cfg, k).class_path}
+    if not refs or not isinstance(e, Exception) or isinstance(e, TriAccelError) or (at := user_frame(e)) is None:
+        return None
+
+    def its_file(ref):  # the file of the module an import path names (None for a function handed from Python)
+        if is_callable_ref(ref):
+            return None
+        from triaccel.userref import module_of
+
+        return getattr(sys.modules.get(module_of(ref)), "__file__", None)
+
+    frame_file = at.rsplit(":", 2)[0]
+    who = next((k for k, r in refs.items() if its_file(r) == frame_file), None)
+    name = f"{who}.class_path {refs[who]}" if who else " and ".join(f"{k}.class_path {r}" for k, r in refs.items())
+    where = f"epoch {getattr(trainer, 'epoch', 0) + 1}, step {getattr(trainer, 'step_count', 0)}"
+    return ConfigError(f"{name}: raised {said(e)} in {where} (at {at})")
 
 
 def _close_failed(logger, trainer, e: BaseException) -> None:

@@ -99,6 +99,19 @@ def _memory_bytes() -> int | None:
         return None
 
 
+def _example(ds: Any, i: int, where: str) -> Any:
+    """``ds[i]``; the user's dataset raising there is one line naming the split, the example and the line of
+    the user's code that raised (a length that overstates the data: IndexError at its last examples)."""
+    try:
+        return ds[i]
+    except Exception as e:  # noqa: BLE001 -- the user's __getitem__: its error, where it came from, one line
+        from triaccel.userref import said, user_frame
+
+        at = user_frame(e)
+        raise DataError(f"{where}: example {i} of {len(ds)} raised {said(e)}" + (f" (at {at})" if at else "")) \
+            from None
+
+
 def _pair(item: Any, where: str) -> tuple[torch.Tensor, torch.Tensor]:
     if not isinstance(item, (tuple, list)) or len(item) != 2:
         raise DataError(f"{where}: an example must be an (input, target) pair, got {type(item).__name__}"
@@ -123,14 +136,14 @@ def materialise(ds: Any, where: str) -> tuple[torch.Tensor, torch.Tensor]:
         n = len(ds)
         if n == 0:
             raise DataError(f"{where}: is empty")
-        x0, y0 = _pair(ds[0], where)
+        x0, y0 = _pair(_example(ds, 0, where), where)
         need, have = n * (x0.nbytes + y0.nbytes), _memory_bytes()
         if have is not None and need > have // 2:
             raise DataError(f"{where}: {n:,} examples of input {tuple(x0.shape)} take {need / 2**30:,.1f} GiB "
                             f"as tensors (this machine has {have / 2**30:,.0f} GiB): return a smaller split")
         xs, ys = [x0], [y0]
         for i in range(1, n):
-            xi, yi = _pair(ds[i], where)
+            xi, yi = _pair(_example(ds, i, where), where)
             if xi.shape != x0.shape or yi.shape != y0.shape:
                 raise DataError(f"{where}: example {i} has input {tuple(xi.shape)} and target {tuple(yi.shape)}, "
                                 f"example 0 {tuple(x0.shape)} and {tuple(y0.shape)}: every example needs one shape")

@@ -124,6 +124,26 @@ def resolve(ref: str, key: str) -> Callable:
     return _import(ref, key)
 
 
+def user_frame(e: BaseException) -> str | None:
+    """'file.py:LINE in func' of the deepest frame of ``e``'s traceback in the user's code (not this
+    package's, not an installed library's, not the standard library's); None where there is none."""
+    import sysconfig
+    import traceback
+
+    ours = os.path.dirname(os.path.abspath(__file__))
+    libs = {os.path.abspath(p) for p in (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
+                                          sysconfig.get_paths()["platlib"])}
+    found = None
+    for fr in traceback.extract_tb(e.__traceback__):
+        f = os.path.abspath(fr.filename)
+        if fr.filename.startswith("<") and fr.filename not in ("<string>", "<stdin>"):
+            continue  # frozen importlib and the like
+        if f.startswith(ours + os.sep) or any(f.startswith(lib + os.sep) for lib in libs):
+            continue
+        found = f"{fr.filename}:{fr.lineno} in {fr.name}"
+    return found
+
+
 def said(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
