@@ -52,10 +52,12 @@ def cmd_export(args) -> int:
 
     import yaml
 
+    from triaccel.search.export import train_command
+    from triaccel.search.state import read_state
+
     p = export(args.name, args.out, args.pick, force=args.force, epochs=args.epochs)
     prov = yaml.safe_load(p.read_text())["provenance"]
-    print(f"wrote {p} ({prov['why']}): train with `triaccel train --config {p}`")
-    _note_callables(args.name, p)
+    print(f"wrote {p} ({prov['why']}): train with `{train_command(read_state(args.name), p)}`")
     if prov.get("deleted_runs_ignored"):
         print(f"  {prov['deleted_runs_ignored']} run(s) of search '{args.name}' are deleted in MLflow and were not "
               f"considered: restore them in the MLflow UI (or `mlflow gc` them for good) and export again to count them")
@@ -81,19 +83,6 @@ def cmd_export(args) -> int:
             print(f"  where time matters more than memory: `triaccel export {args.name} --pick baseline "
                   f"--out FILE` writes the static run {b['run']}")
     return 0
-
-
-def _note_callables(name: str, p) -> None:
-    """A search started from Python with functions that have no import path exports references only
-    that process knew (callable:NAME): say how to train the export."""
-    from triaccel.search.state import read_state
-
-    refs = read_state(name).get("callables") or {}
-    if refs:
-        args = ", ".join(f"{k.split('.')[0]}={r.split(':', 1)[1]}" for k, r in refs.items())
-        print(f"triaccel: note: search '{name}' was started from Python with functions that have no import path "
-              f"({', '.join(refs.values())}): train {p} from Python, handing them again: "
-              f"triaccel.train('{p}', {args})", file=sys.stderr)
 
 
 def cmd_searches(args) -> int:

@@ -44,12 +44,23 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
     row = chosen.row
     text = (f"# Exported by `triaccel export {name}` from MLflow run {row['run_id']} ({chosen.reason}).\n"
             + length_line(cfg.epochs, searched_epochs, flag=epochs, length=length)
-            + f"# Train with: triaccel train --config {p}\n"
+            + f"# Train with: {train_command(state, p)}\n"
             + ("# Every key is written out: triaccel.policy fills only keys a config leaves unset, so changing it here "
                "changes no rule; change the keys themselves.\n" if cfg.mode == "triaccel" else "")
             + yaml.safe_dump(data, sort_keys=False))
     write_new(p, out, text, force)
     return p
+
+
+def train_command(state: dict, p) -> str:
+    """How to train the export ``p``: ``triaccel train --config P``, or, for a search started from Python
+    with functions that have no import path (``callable:NAME`` references only that process knew), the
+    Python call that hands them again (the CLI would refuse the file)."""
+    refs = (state.get("callables") or {}).items()
+    if not refs:
+        return f"triaccel train --config {p}"
+    args = ", ".join(f"{k.split('.')[0]}={r.split(':', 1)[1].removeprefix(k.split('.')[0] + '.')}" for k, r in refs)
+    return f"triaccel.train('{p}', {args}) from Python, handing the search's functions again"
 
 
 def note_unfinished(name: str, finished: bool | None) -> None:
