@@ -97,17 +97,29 @@ def cmd_searches(args) -> int:
     # best eff / x base / exports: what `triaccel export NAME` would write now (a trial, or the baseline
     # when nothing feasible beat it), its efficiency and its ratio to the reference baseline
     print(f"{'name':<24} {'space':<34} {'created':<20} {'done':>8} {'failed':>6} {'best eff':>10} {'x base':>7} "
-          f"{'exports':>8}")
+          f"{'exports':>8}  state")
     for r in rows:
         best = f"{r['best']:.2f}" if r.get("best") is not None else "-"
         ratio = f"{r['ratio']:.2f}" if r.get("ratio") is not None else "-"
         # a finished search says so: `done 6/8` would read as unfinished where ASHA stopped two early
         done = "finished" if r.get("search_finished") else f"{r.get('finished', '?')}/{r.get('trials', '?')}"
         print(f"{r['name']:<24} {str(r['space'])[-34:]:<34} {r['created']:<20} {done:>8} {r.get('failed', '?'):>6} "
-              f"{best:>10} {ratio:>7} {r.get('exports') or '-':>8}")
+              f"{best:>10} {ratio:>7} {r.get('exports') or '-':>8}  {run_state(r)}")
         if r.get("error"):  # an unreadable state or store: say why the row has no figures
             print(f"  {r['name']}: {r['error']}")
     return 0
+
+
+def run_state(row: dict) -> str:
+    """running (its driver: command, pid, host), finished, or stopped (nothing runs it: resume continues it)."""
+    from triaccel.search.state import again
+
+    d = row.get("driver")
+    if d is not None:  # also a finished search's `resume --confirm K` or `extend`
+        return f"running ({d['command']}, pid {d['pid']} on {d['host']})"
+    if row.get("search_finished"):
+        return "finished"
+    return f"stopped: `{again('resume', row['name'])}` continues it"
 
 
 def cmd_ui(args) -> int:

@@ -4,8 +4,9 @@ from __future__ import annotations
 import contextlib
 
 from triaccel.errors import ConfigError
+from triaccel.search.lock import running_driver
 from triaccel.search.state import (list_names, open_store, read_outcome, read_state, saved_space, search_finished,
-                                   state_store)
+                                   state_store, tune_root)
 
 
 def list_searches() -> list[dict]:
@@ -19,7 +20,8 @@ def list_searches() -> list[dict]:
             out.append({"name": name, "space": "?", "created": "?", "error": str(e)})
             continue
         item = {"name": name, "space": st["source"], "created": st.get("created", "?"),
-                "trials": planned_trials(name, st["space"].get("trials"))}
+                "trials": planned_trials(name, st["space"].get("trials")),
+                "driver": running_driver(tune_root() / name)}
         try:
             space = saved_space(st)
             open_store(state_store(st), write=False)  # listing only reads

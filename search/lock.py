@@ -66,6 +66,32 @@ def driver_lock(name: str, folder: Path, command: str, refused: str | None = Non
         with contextlib.suppress(OSError):  # the record only names the holder; the lock is what counts
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(info).encode(), 0)
-        yield
+        try:
+            yield
+        finally:  # a process that lives on (a notebook's) must not read as this search's driver
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def running_driver(folder: Path) -> dict | None:
+    """The driver that holds the search's lock now, as its record names it ({pid, host, command, since}), or
+    None: the record is read, never the lock taken (a listing must not refuse a driver starting that
+    instant). A record names a live driver where its pid runs on this host; one of another host is taken
+    as live (its process cannot be seen from here)."""
+    try:
+        info = json.loads((folder / LOCK_FILE).read_text() or "{}")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict) or not {"pid", "host", "command"} <= info.keys():
+        return None
+    if info["host"] != socket.gethostname():
+        return info
+    try:
+        os.kill(int(info["pid"]), 0)
+    except ProcessLookupError:
+        return None
+    except (PermissionError, ValueError, OverflowError):
+        return info if not isinstance(info["pid"], str) else None
+    return info

@@ -42,11 +42,25 @@ def again(verb: str, name: str, rest: str = "") -> str:
     command runs as printed."""
     import shlex
 
+    if verb in ("resume", "extend") and (handed := _handed(name)):
+        # a search started from Python with functions that have no import path: the CLI cannot continue it
+        trials = "TRIALS, " if verb == "extend" else ""
+        return f"triaccel.{verb}({name!r}, {trials}{handed}) from Python"
     try:
         flag = "" if tune_root() == Path("mlruns/tune").resolve() else f" --storage {shlex.quote(str(tune_root()))}"
     except ConfigError:  # an unusable TRIACCEL_TUNE_DIR is said where it is read
         flag = ""
     return f"triaccel {verb} {name}{flag}" + (f" {rest}" if rest else "")
+
+
+def _handed(name: str) -> str:
+    """'model=make_model, data=make_data': the functions a search started from Python must be handed again
+    (its state's ``callables``); '' for a search whose code has import paths, or none saved yet."""
+    try:
+        refs = (read_state(name).get("callables") or {}).items()
+    except Exception:  # noqa: BLE001 -- no state (a search not yet claimed), or one unreadable: the CLI form
+        return ""
+    return ", ".join(f"{k.split('.')[0]}={r.split(':', 1)[1].removeprefix(k.split('.')[0] + '.')}" for k, r in refs)
 
 
 def extension_folders(name: str) -> list[Path]:

@@ -291,12 +291,13 @@ def test_listing_and_name_collision_lose_nothing(searched):
     d, _ = searched
     r = cli("searches", cwd=d)
     assert r.returncode == 0 and "t1" in r.stdout and " finished " in r.stdout  # not done 6/6
+    assert next(ln for ln in r.stdout.splitlines() if ln.startswith("t1 ")).endswith("  finished"), r.stdout
     # the listing's best is what export writes (it showed the best trial even where export wrote the baseline)
     row = next(ln.split() for ln in r.stdout.splitlines() if ln.startswith("t1 "))
     e = cli("export", "t1", "--out", "listed.yaml", cwd=d)
     assert e.returncode == 0, e.stderr[-2000:]
     prov = yaml.safe_load((d / "listed.yaml").read_text())["provenance"]
-    assert row[-1] == prov["exported"] and row[-3] == f"{prov['metrics']['efficiency']:.2f}", (row, prov)
+    assert row[-2] == prov["exported"] and row[-4] == f"{prov['metrics']['efficiency']:.2f}" and row[-1] == "finished", (row, prov)
     # a Tri-Accel export writes every rule out, so its policy key is inert there: the header says so
     assert ("triaccel.policy fills only keys" in (d / "listed.yaml").read_text()) == (prov["exported"] == "trial")
     _, before = trial_runs(d, "t1")
@@ -312,8 +313,16 @@ def test_listing_and_name_collision_lose_nothing(searched):
     assert len(after) == len(before)
 
 
-def test_confirm_defaults_to_top_three_only_when_trials_shared_a_gpu(monkeypatch):
+def test_confirm_defaults_to_top_three_only_when_trials_shared_a_gpu(monkeypatch, capsys):
     from triaccel.search import alone, cluster
+
+    # trials that shared a CPU machine are not re-run by default, but their low ratios are said (a new user's
+    # GPT trials read 0.62x shared against the alone baselines, 1.61x alone)
+    assert alone.default_confirm(None, shared=2, gpu=False) == 0
+    assert capsys.readouterr().out == ("note: 2 trials at a time shared this machine's CPUs while the baselines ran "
+                                       "alone: their ratios read low; --confirm K re-runs the top K alone before "
+                                       "export\n")
+    assert alone.default_confirm(None, shared=1, gpu=False) == 0 and capsys.readouterr().out == ""
 
     assert alone.default_confirm(2, shared=4) == 2 and alone.default_confirm(0, shared=4) == 0  # as asked
     assert alone.default_confirm(None, shared=4) == (3 if cluster.gpu_count() > 0 else 0)

@@ -111,6 +111,9 @@ def test_ctrl_c_mid_search_is_no_finished_search_and_resume_finishes_it(tmp_path
     r = cli("searches", cwd=tmp_path)
     row = next(ln.split() for ln in r.stdout.splitlines() if ln.startswith("i "))
     assert r.returncode == 0 and f"{len(before)}/4" in row, (before, r.stdout)
+    # and says nothing runs it now: a teammate sees which searches need a resume
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("i "))
+    assert line.endswith("stopped: `triaccel resume i` continues it"), line
     r = cli("resume", "i", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "export the best" in r.stdout

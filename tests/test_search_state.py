@@ -642,3 +642,50 @@ def test_a_printed_command_names_the_storage_the_search_is_in(tmp_path, monkeypa
     assert again("export", "x", "--out tuned.yaml") == f"triaccel export x --storage '{tmp_path}/team share' --out tuned.yaml"
     monkeypatch.setenv("TRIACCEL_TUNE_DIR", "mlruns/tune")  # the default, spelled out: nothing to add
     assert again("resume", "x") == "triaccel resume x"
+
+
+def test_the_listing_tells_a_running_search_from_a_stopped_one_by_its_drivers_record(tmp_path):
+    """`triaccel searches` showed a stopped search as it showed a running one (0/4 … baseline): a teammate could
+    not tell which needs `resume`. The driver lock's record names the holder; the listing reads it (never
+    takes the lock: a resume starting that instant must not be refused) and checks its pid on this host."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from triaccel.search.lock import LOCK_FILE, driver_lock, running_driver
+
+    assert running_driver(tmp_path) is None  # no record
+    with driver_lock("s", tmp_path, "search"):
+        d = running_driver(tmp_path)
+        assert (d["pid"], d["host"], d["command"]) == (os.getpid(), socket.gethostname(), "search")
+        rec = json.loads((tmp_path / LOCK_FILE).read_text())
+    assert running_driver(tmp_path) is None  # released by a process that lives on (a notebook): no driver
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / LOCK_FILE).write_text(json.dumps(dict(rec, pid=int(gone.stdout))))  # a driver that has died
+    assert running_driver(tmp_path) is None
+    (tmp_path / LOCK_FILE).write_text(json.dumps(dict(rec, host="another-node")))  # another node: not seen
+    assert running_driver(tmp_path)["host"] == "another-node"
+
+
+def test_a_search_started_from_python_is_continued_from_python_in_every_hint(tmp_path, monkeypatch):
+    """A search started from Python with functions that have no import path said `triaccel resume NAME`
+    continues it, which refuses it (the CLI does not know those functions): its hints name the Python call,
+    with every function to hand again. A search with import paths keeps the CLI's command."""
+    import json
+
+    from triaccel.search.state import again
+
+    monkeypatch.setenv("TRIACCEL_TUNE_DIR", str(tmp_path / "tune"))
+    for name, callables in (("nb", {"model.class_path": "callable:make_model", "data.class_path": "callable:data.make"}),
+                            ("pkg", {})):
+        (tmp_path / "tune" / name).mkdir(parents=True)
+        (tmp_path / "tune" / name / "triaccel_search.json").write_text(json.dumps(
+            {"space": {"name": name, "trials": 2, "train": {}}, "source": name, "sha256": "0" * 64,
+             "tracking_uri": f"sqlite:///{tmp_path}/none.db", "callables": callables}))
+    assert again("resume", "nb") == "triaccel.resume('nb', model=make_model, data=make) from Python"
+    assert again("extend", "nb", "--trials N") == "triaccel.extend('nb', TRIALS, model=make_model, data=make) from Python"
+    assert again("export", "nb", "--out tuned.yaml").startswith("triaccel export nb --storage ")
+    assert again("resume", "pkg").startswith("triaccel resume pkg --storage ")
+    assert again("resume", "none_yet").startswith("triaccel resume none_yet")  # no state: the CLI's form

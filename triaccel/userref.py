@@ -165,6 +165,14 @@ def check_references(train: dict) -> None:
     cfg = from_dict(TrainConfig, train)
     if cfg.model.class_path is None and "/" not in cfg.model.name and cfg.data.class_path is None:
         return  # the shipped models and data: nothing of the user's to check
+    missing = {k: r for k in ("model", "data") if is_callable_ref(r := getattr(cfg, k).class_path)
+               and r not in CALLABLES}
+    if len(missing) > 1:  # every function to hand again in one line, not the first of them
+        names = ", ".join(f"{k}={r[len(CALLABLE_PREFIX):].removeprefix(k + '.')}" for k, r in missing.items())
+        refs = " and ".join(f"{k}.class_path {r!r}" for k, r in missing.items())
+        raise ConfigError(f"{refs} are functions handed to triaccel's Python API in another process; hand them "
+                          f"again: triaccel.resume(NAME, {names}) (or triaccel.extend(NAME, TRIALS, {names}), "
+                          f"triaccel.train(config, {names}))")
     from triaccel.data import load_splits
     from triaccel.models import build_model
     from triaccel.userdef import check_model_takes, load_user_splits
