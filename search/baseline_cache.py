@@ -113,11 +113,19 @@ def _simple_globals(fn) -> list:
 
 def _code_of(fn) -> str | None:
     """What a factory handed from Python is made of: its module's file where it has one (a script), its own
-    source, defaults, closure and the plain globals it reads; None where none of that can be read."""
+    source, defaults, closure and the plain globals it reads; a partial's function and arguments. None for
+    anything else (a bound method's or a callable object's state is not read): its baseline is never reused."""
+    import functools
     import inspect
     import marshal
     import sys
+    import types
 
+    if isinstance(fn, functools.partial):
+        inner = _code_of(fn.func)
+        return None if inner is None else "\n".join([inner, repr(fn.args), repr(sorted(fn.keywords.items()))])
+    if not isinstance(fn, (types.FunctionType, type)):
+        return None
     parts = []
     mod = sys.modules.get(getattr(fn, "__module__", None) or "")
     f = getattr(mod, "__file__", None)
@@ -148,7 +156,8 @@ def _filled(cell) -> bool:
 
 def _package_code(ref: str) -> str | None:
     """The source of the package (or lone module) an import path names: every .py file under its top-level
-    package, so an edit anywhere the factory may import from is seen. None where it cannot be read whole."""
+    package, so an edit anywhere in that package is seen (code it imports from elsewhere is not). None where it
+    cannot be read whole."""
     import importlib.metadata
     import importlib.util
 
@@ -170,18 +179,28 @@ def _package_code(ref: str) -> str | None:
             return ";".join(f"{d}=={importlib.metadata.version(d)}" for d in sorted(dists)) or None
         except importlib.metadata.PackageNotFoundError:
             return None
+    import itertools
+
     if spec.submodule_search_locations:
-        files = sorted(f for d in spec.submodule_search_locations for f in Path(d).rglob("*.py"))
+        found = (f for d in spec.submodule_search_locations for f in Path(d).rglob("*.py"))
+        files = list(itertools.islice(found, MAX_PACKAGE_FILES + 1))  # a package folder that also holds data
     elif spec.origin and Path(spec.origin).is_file():
         files = [Path(spec.origin)]
     else:
         return None
     if len(files) > MAX_PACKAGE_FILES:
         return None
+    roots = [Path(d) for d in spec.submodule_search_locations or ()] or [Path(spec.origin).parent]
     h = hashlib.sha256()
-    for f in files:
-        h.update(str(f).encode())
-        h.update(f.read_bytes())
+    try:
+        for f in sorted(files):
+            if not f.is_file():  # an editor's lock link (.#models.py), a folder named *.py
+                continue
+            # by its place in the package, not its absolute path: a clone elsewhere is the same code
+            h.update(str(next((f.relative_to(r) for r in roots if f.is_relative_to(r)), f.name)).encode())
+            h.update(f.read_bytes())
+    except OSError:  # a file that cannot be read: the code is unknown, and the baseline never reused
+        return None
     return h.hexdigest()
 
 

@@ -116,7 +116,8 @@ def run_state(row: dict) -> str:
 
     d = row.get("driver")
     if d is not None:  # also a finished search's `resume --confirm K` or `extend`
-        return f"running ({d['command']}, pid {d['pid']} on {d['host']})"
+        who = f"{d['command']}, pid {d['pid']} on {d['host']}" if {"command", "pid", "host"} <= d.keys() else ""
+        return f"running ({who})" if who else "running"
     if row.get("search_finished"):
         return "finished"
     return f"stopped: `{again('resume', row['name'])}` continues it"

@@ -37,6 +37,21 @@ def _holder(fd: int) -> str:
         return ""
 
 
+def _take(fd: int, tries: int = 5) -> None:
+    """The exclusive lock, or BlockingIOError once another holds it for a second: `triaccel searches` probes
+    the lock with a shared one for an instant, which must not refuse a driver starting then."""
+    import time
+
+    for i in range(tries):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if i == tries - 1:
+                raise
+            time.sleep(0.2)
+
+
 @contextlib.contextmanager
 def driver_lock(name: str, folder: Path, command: str, refused: str | None = None):
     """Hold the search's driver lock for the block; refuse at once (ConfigError) if another holds it,
@@ -48,7 +63,7 @@ def driver_lock(name: str, folder: Path, command: str, refused: str | None = Non
         raise ConfigError(f"{path}: cannot open the search's lock file ({e.strerror or e})") from None
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _take(fd)
         except BlockingIOError:
             who = _holder(fd) or "another process"
             if refused:
@@ -76,22 +91,26 @@ def driver_lock(name: str, folder: Path, command: str, refused: str | None = Non
 
 
 def running_driver(folder: Path) -> dict | None:
-    """The driver that holds the search's lock now, as its record names it ({pid, host, command, since}), or
-    None: the record is read, never the lock taken (a listing must not refuse a driver starting that
-    instant). A record names a live driver where its pid runs on this host; one of another host is taken
-    as live (its process cannot be seen from here)."""
+    """The driver running the search now, as its record names it ({pid, host, command, since}; {} where it
+    wrote none yet), or None. The lock decides, as it does for a second driver: a shared lock taken and
+    dropped at once is refused exactly while a driver holds it, on any host that shares the folder's locks
+    (a driver killed however it died holds nothing). Where locks cannot be taken, None."""
     try:
-        info = json.loads((folder / LOCK_FILE).read_text() or "{}")
-    except (OSError, ValueError):
+        fd = os.open(folder / LOCK_FILE, os.O_RDONLY)
+    except OSError:
         return None
-    if not isinstance(info, dict) or not {"pid", "host", "command"} <= info.keys():
-        return None
-    if info["host"] != socket.gethostname():
-        return info
     try:
-        os.kill(int(info["pid"]), 0)
-    except ProcessLookupError:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+            except (OSError, ValueError):
+                info = {}
+            return info if isinstance(info, dict) else {}
+        except OSError:
+            return None
+        fcntl.flock(fd, fcntl.LOCK_UN)
         return None
-    except (PermissionError, ValueError, OverflowError):
-        return info if not isinstance(info["pid"], str) else None
-    return info
+    finally:
+        os.close(fd)

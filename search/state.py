@@ -43,9 +43,15 @@ def again(verb: str, name: str, rest: str = "") -> str:
     import shlex
 
     if verb in ("resume", "extend") and (handed := _handed(name)):
-        # a search started from Python with functions that have no import path: the CLI cannot continue it
-        trials = "TRIALS, " if verb == "extend" else ""
-        return f"triaccel.{verb}({name!r}, {trials}{handed}) from Python"
+        # a search started from Python with functions that have no import path: the CLI cannot continue it.
+        # The flags the hint carries (--address local where the cluster is gone, --confirm K) as arguments
+        words, flags = rest.split(), {}
+        for flag, arg in zip(words, words[1:]):
+            if flag in ("--address", "--confirm", "--trials"):
+                flags[flag[2:]] = arg
+        trials = f"{flags.pop('trials', 'TRIALS').replace('N', 'TRIALS')}, " if verb == "extend" else ""
+        more = "".join(f", {k}={v!r}" if k == "address" else f", {k}={v}" for k, v in flags.items())
+        return f"triaccel.{verb}({name!r}, {trials}{handed}{more}) from Python"
     try:
         flag = "" if tune_root() == Path("mlruns/tune").resolve() else f" --storage {shlex.quote(str(tune_root()))}"
     except ConfigError:  # an unusable TRIACCEL_TUNE_DIR is said where it is read

@@ -65,6 +65,19 @@ def test_reuse_key_follows_the_users_model_and_data_code(tmp_path, monkeypatch):
     assert key(ref) != first
     monkeypatch.undo()
     assert key(ref) == first
+    # a partial: its function and arguments; a callable object or a bound method: its state is not read, so
+    # its baseline is never reused
+    import functools
+
+    part = lambda w: key(U.reference_of(functools.partial(wide, image_size=w), "model"))  # noqa: E731
+    assert part(8) == part(8) != part(16)
+
+    class Maker:
+        def __call__(self, num_classes, in_channels, image_size):
+            return wide(num_classes, in_channels, image_size)
+
+    obj = U.reference_of(Maker(), "model")
+    assert key(obj) != key(obj)
     # a package of the user's, edited between two searches
     pkg = tmp_path / "ucpkg_key"
     pkg.mkdir()

@@ -644,29 +644,48 @@ def test_a_printed_command_names_the_storage_the_search_is_in(tmp_path, monkeypa
     assert again("resume", "x") == "triaccel resume x"
 
 
-def test_the_listing_tells_a_running_search_from_a_stopped_one_by_its_drivers_record(tmp_path):
+def test_the_listing_tells_a_running_search_from_a_stopped_one_by_its_driver_lock(tmp_path):
     """`triaccel searches` showed a stopped search as it showed a running one (0/4 … baseline): a teammate could
-    not tell which needs `resume`. The driver lock's record names the holder; the listing reads it (never
-    takes the lock: a resume starting that instant must not be refused) and checks its pid on this host."""
+    not tell which needs `resume`. The driver lock decides, as it does for a second driver: a record left by a
+    driver that died (kill -9, another node's) names no running search. The listing's probe, a shared lock
+    for an instant, must not refuse a driver that starts then: the driver tries for a second."""
+    import fcntl
     import json
     import os
     import socket
     import subprocess
     import sys
+    import threading
+    import time
 
     from triaccel.search.lock import LOCK_FILE, driver_lock, running_driver
 
-    assert running_driver(tmp_path) is None  # no record
+    assert running_driver(tmp_path) is None  # no lock file
     with driver_lock("s", tmp_path, "search"):
         d = running_driver(tmp_path)
         assert (d["pid"], d["host"], d["command"]) == (os.getpid(), socket.gethostname(), "search")
-        rec = json.loads((tmp_path / LOCK_FILE).read_text())
     assert running_driver(tmp_path) is None  # released by a process that lives on (a notebook): no driver
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    (tmp_path / LOCK_FILE).write_text(json.dumps(dict(rec, pid=int(gone.stdout))))  # a driver that has died
+    # the record of a driver killed before it could clear it: pid 1 runs, another node cannot be seen; no lock
+    (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": 1, "host": socket.gethostname(), "command": "search",
+                                                  "since": "2026-01-01T00:00:00"}))
     assert running_driver(tmp_path) is None
-    (tmp_path / LOCK_FILE).write_text(json.dumps(dict(rec, host="another-node")))  # another node: not seen
-    assert running_driver(tmp_path)["host"] == "another-node"
+    # a driver in another process
+    code = ("import sys; from pathlib import Path; from triaccel.search.lock import driver_lock\n"
+            "with driver_lock('s', Path(sys.argv[1]), 'resume'):\n    print('held', flush=True); sys.stdin.readline()\n")
+    other = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        assert running_driver(tmp_path)["pid"] == other.pid and running_driver(tmp_path)["command"] == "resume"
+    finally:
+        other.communicate("\n", timeout=60)
+    assert running_driver(tmp_path) is None
+    # a listing's probe held while a driver starts: the driver waits it out
+    fd = os.open(tmp_path / LOCK_FILE, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    threading.Thread(target=lambda: (time.sleep(0.3), os.close(fd)), daemon=True).start()
+    with driver_lock("s", tmp_path, "search"):
+        assert running_driver(tmp_path)["command"] == "search"
 
 
 def test_a_search_started_from_python_is_continued_from_python_in_every_hint(tmp_path, monkeypatch):
@@ -686,6 +705,10 @@ def test_a_search_started_from_python_is_continued_from_python_in_every_hint(tmp
              "tracking_uri": f"sqlite:///{tmp_path}/none.db", "callables": callables}))
     assert again("resume", "nb") == "triaccel.resume('nb', model=make_model, data=make) from Python"
     assert again("extend", "nb", "--trials N") == "triaccel.extend('nb', TRIALS, model=make_model, data=make) from Python"
+    assert again("resume", "nb", "--address local") == \
+        "triaccel.resume('nb', model=make_model, data=make, address='local') from Python"  # the cluster is gone
+    assert again("extend", "nb", "--trials 4 --confirm 0") == \
+        "triaccel.extend('nb', 4, model=make_model, data=make, confirm=0) from Python"
     assert again("export", "nb", "--out tuned.yaml").startswith("triaccel export nb --storage ")
     assert again("resume", "pkg").startswith("triaccel resume pkg --storage ")
     assert again("resume", "none_yet").startswith("triaccel resume none_yet")  # no state: the CLI's form

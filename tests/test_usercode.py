@@ -149,13 +149,34 @@ def test_the_users_code_failing_mid_run_is_one_line_naming_its_line(tmp_path):
     at = next(i for i, ln in enumerate(models, 1) if 'raise RuntimeError(f"boom at call' in ln)
     assert line.startswith("triaccel: error: model.class_path ucpkg.models.fails_later: raised RuntimeError: "
                            "boom at call 9 in epoch 2, step 6 ") and \
-        line.endswith(f"(at {d / 'ucpkg' / 'models.py'}:{at} in forward)"), line
+        line.endswith(f"(at {d / 'ucpkg' / 'models.py'}:{at} in forward; TRIACCEL_TRACEBACK=1 shows the traceback)"), line
     from mlflow.tracking import MlflowClient
 
     c = MlflowClient(tracking_uri=f"sqlite:///{d}/m.db")
     (run,) = c.search_runs([c.get_experiment_by_name("triaccel-train").experiment_id],
                            filter_string="params.`model.class_path` = 'ucpkg.models.fails_later'")
     assert run.info.status == "FAILED", run.info.status
+
+
+def test_an_error_is_the_users_only_where_the_nearest_frame_to_it_outside_the_libraries_is():
+    """The user's line is named where torch refused what the user's code asked (a matmul of the wrong shapes:
+    torch's frames are passed over); an error raised in this package's code, called from the user's (the
+    precision wrapper around a user's layer, say), is not the user's and keeps its traceback."""
+    from triaccel.userref import _import, user_frame
+
+    def users_forward():
+        return torch.zeros(2, 3) @ torch.zeros(2, 3)
+
+    def users_call_into_ours():
+        return _import("nopkg_xyz_abc.models.build", "model.class_path")
+
+    for fn, theirs in ((users_forward, True), (users_call_into_ours, False)):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001
+            at = user_frame(e)
+        assert (at is not None and at.startswith(f"{__file__}:") and at.endswith(f" in {fn.__name__}")) if theirs \
+            else at is None, (fn.__name__, at)
 
 
 # --------------------------------------------------------------------------- bad references

@@ -174,7 +174,8 @@ def _users_error(cfg, trainer, e: BaseException) -> ConfigError | None:
     from triaccel.userref import is_callable_ref, said, user_frame
 
     refs = {k: getattr(cfg, k).class_path for k in ("model", "data") if getattr(cfg, k).class_path}
-    if not refs or not isinstance(e, Exception) or isinstance(e, TriAccelError) or (at := user_frame(e)) is None:
+    if not refs or not isinstance(e, Exception) or isinstance(e, (TriAccelError, BrokenPipeError)) \
+            or os.environ.get("TRIACCEL_TRACEBACK") or (at := user_frame(e)) is None:
         return None
 
     def its_file(ref):  # the file of the module an import path names (None for a function handed from Python)
@@ -184,11 +185,11 @@ def _users_error(cfg, trainer, e: BaseException) -> ConfigError | None:
 
         return getattr(sys.modules.get(module_of(ref)), "__file__", None)
 
-    frame_file = at.rsplit(":", 2)[0]
+    frame_file = at.rsplit(" in ", 1)[0].rsplit(":", 1)[0]
     who = next((k for k, r in refs.items() if its_file(r) == frame_file), None)
     name = f"{who}.class_path {refs[who]}" if who else " and ".join(f"{k}.class_path {r}" for k, r in refs.items())
     where = f"epoch {getattr(trainer, 'epoch', 0) + 1}, step {getattr(trainer, 'step_count', 0)}"
-    return ConfigError(f"{name}: raised {said(e)} in {where} (at {at})")
+    return ConfigError(f"{name}: raised {said(e)} in {where} (at {at}; TRIACCEL_TRACEBACK=1 shows the traceback)")
 
 
 def _close_failed(logger, trainer, e: BaseException) -> None:

@@ -124,24 +124,49 @@ def resolve(ref: str, key: str) -> Callable:
     return _import(ref, key)
 
 
+def _ours() -> tuple[str, ...]:
+    """The folders of this package's code: triaccel/, and kernels/ and search/ where an editable install maps
+    triaccel.kernels and triaccel.search outside it."""
+    import importlib.util
+
+    out = [os.path.dirname(os.path.abspath(__file__))]
+    for sub in ("triaccel.kernels", "triaccel.search"):
+        try:
+            spec = importlib.util.find_spec(sub)
+        except (ImportError, ValueError):
+            continue
+        out += [os.path.abspath(d) for d in (spec.submodule_search_locations or ()) if spec is not None]
+    return tuple(out)
+
+
 def user_frame(e: BaseException) -> str | None:
-    """'file.py:LINE in func' of the deepest frame of ``e``'s traceback in the user's code (not this
-    package's, not an installed library's, not the standard library's); None where there is none."""
+    """'file.py:LINE in func' where ``e`` came from the user's code, else None. Read from the raise upwards,
+    past the libraries' frames (torch's own, anything installed, the standard library, generated code): the
+    first frame that is not a library's decides. The user's (a forward whose matmul torch refused: the
+    user's line) gives its place; this package's (the precision wrapper around the user's layer) gives None,
+    and the error keeps its traceback."""
     import sysconfig
     import traceback
 
-    ours = os.path.dirname(os.path.abspath(__file__))
-    libs = {os.path.abspath(p) for p in (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
-                                          sysconfig.get_paths()["platlib"])}
-    found = None
-    for fr in traceback.extract_tb(e.__traceback__):
+    ours = _ours()
+    paths = sysconfig.get_paths()
+    libs = {os.path.abspath(paths[k]) for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+
+    def library(fr) -> bool:
         f = os.path.abspath(fr.filename)
-        if fr.filename.startswith("<") and fr.filename not in ("<string>", "<stdin>"):
-            continue  # frozen importlib and the like
-        if f.startswith(ours + os.sep) or any(f.startswith(lib + os.sep) for lib in libs):
+        parts = f.split(os.sep)
+        return (any(f.startswith(lib + os.sep) for lib in libs) or "site-packages" in parts or "dist-packages" in parts
+                or any(x.startswith("torchinductor") for x in parts)
+                or (fr.filename.startswith("<") and not fr.filename.startswith(("<string>", "<stdin>", "<ipython-input"))))
+
+    for fr in reversed(traceback.extract_tb(e.__traceback__)):
+        if library(fr):
             continue
-        found = f"{fr.filename}:{fr.lineno} in {fr.name}"
-    return found
+        f = os.path.abspath(fr.filename)
+        if any(f == d or f.startswith(d + os.sep) for d in ours):
+            return None
+        return f"{fr.filename}:{fr.lineno} in {fr.name}"
+    return None
 
 
 def said(e: BaseException) -> str:
