@@ -63,11 +63,12 @@ def train_command(state: dict, p) -> str:
     """How to train the export ``p``: ``triaccel train --config P``, or, for a search started from Python
     with functions that have no import path (``callable:NAME`` references only that process knew), the
     Python call that hands them again (the CLI would refuse the file)."""
-    refs = (state.get("callables") or {}).items()
+    from triaccel.userref import handed_again
+
+    refs = state.get("callables") or {}
     if not refs:
         return f"triaccel train --config {p}"
-    args = ", ".join(f"{k.split('.')[0]}={r.split(':', 1)[1].removeprefix(k.split('.')[0] + '.')}" for k, r in refs)
-    return f"triaccel.train('{p}', {args}) from Python, handing the search's functions again"
+    return f"triaccel.train('{p}', {handed_again(refs)}) from Python, handing the search's functions again"
 
 
 def note_unfinished(name: str, finished: bool | None) -> None:

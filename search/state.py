@@ -62,11 +62,13 @@ def again(verb: str, name: str, rest: str = "") -> str:
 def _handed(name: str) -> str:
     """'model=make_model, data=make_data': the functions a search started from Python must be handed again
     (its state's ``callables``); '' for a search whose code has import paths, or none saved yet."""
+    from triaccel.userref import handed_again
+
     try:
-        refs = (read_state(name).get("callables") or {}).items()
+        refs = read_state(name).get("callables") or {}
     except Exception:  # noqa: BLE001 -- no state (a search not yet claimed), or one unreadable: the CLI form
         return ""
-    return ", ".join(f"{k.split('.')[0]}={r.split(':', 1)[1].removeprefix(k.split('.')[0] + '.')}" for k, r in refs)
+    return handed_again(refs)
 
 
 def extension_folders(name: str) -> list[Path]:

@@ -16,8 +16,8 @@ from typing import Any, Literal, Optional
 
 # the reading and conversion helpers are named here too: ``from triaccel.config import read_yaml`` and the rest
 from triaccel.config_io import (FLOAT32_MAX, MAX_YAML_BYTES, MAX_YAML_DEPTH, MAX_YAML_VALUES,  # noqa: F401
-                                PREPARE, TOO_DEEP, flatten, from_dict, parse_overrides, path_kind, read_yaml,
-                                set_dotted, to_dict)
+                                PREPARE, TOO_DEEP, did_you_mean, flatten, from_dict, parse_overrides, path_kind,
+                                read_yaml, set_dotted, to_dict)
 from triaccel.config_io import check as _check
 from triaccel.errors import ConfigError
 
@@ -78,10 +78,7 @@ KNOWN_DATASETS = {"digits", "cifar10", "cifar100", "imagefolder"}  # triaccel.da
 
 def unknown_name(what: str, name, valid) -> str:
     """'unknown dataset 'digitz', did you mean digits? (valid: ...)': the nearest name where one is near."""
-    import difflib
-
-    near = difflib.get_close_matches(str(name), sorted(valid), n=1, cutoff=0.75)
-    return f"unknown {what} {name!r}{f', did you mean {near[0]}?' if near else ''} (valid: {', '.join(sorted(valid))})"
+    return f"unknown {what} {name!r}{did_you_mean(name, valid)} (valid: {', '.join(sorted(valid))})"
 
 
 @dataclass

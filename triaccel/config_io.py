@@ -82,12 +82,17 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"{key}: unsupported type {_type_name(tp)}")
 
 
-def unknown_key(key, valid) -> str:
-    """The words for a key no section has: the nearest valid key where one is near (a typo), then all."""
+def did_you_mean(name, valid) -> str:
+    """', did you mean X?' for the nearest valid name where one is near (a typo), else ''."""
     import difflib
 
-    near = difflib.get_close_matches(str(key), sorted(valid), n=1, cutoff=0.75)
-    return f"unknown key{f', did you mean {near[0]}?' if near else ''} (valid: {', '.join(sorted(valid))})"
+    near = difflib.get_close_matches(str(name), sorted(valid), n=1, cutoff=0.75)
+    return f", did you mean {near[0]}?" if near else ""
+
+
+def unknown_key(key, valid) -> str:
+    """The words for a key no section has: the nearest valid key where one is near (a typo), then all."""
+    return f"unknown key{did_you_mean(key, valid)} (valid: {', '.join(sorted(valid))})"
 
 
 def from_dict(cls, data: dict, prefix: str = ""):

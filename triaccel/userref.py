@@ -68,6 +68,16 @@ def check_factory(fn: Callable, what: str) -> None:
                           f"(each run builds its own, sized to the data: {how})")
 
 
+def handed_again(refs: dict) -> str:
+    """'model=make_model, data=make_data': the arguments that hand again the functions ``refs`` name
+    ({'model.class_path' or 'model': 'callable:make_model'}), as the Python API takes them."""
+    out = []
+    for key, ref in refs.items():
+        section = key.split(".")[0]
+        out.append(f"{section}={ref[len(CALLABLE_PREFIX):].removeprefix(section + '.')}")
+    return ", ".join(out)
+
+
 def is_callable_ref(ref: str | None) -> bool:
     return bool(ref) and ref.startswith(CALLABLE_PREFIX)
 
@@ -193,7 +203,7 @@ def check_references(train: dict) -> None:
     missing = {k: r for k in ("model", "data") if is_callable_ref(r := getattr(cfg, k).class_path)
                and r not in CALLABLES}
     if len(missing) > 1:  # every function to hand again in one line, not the first of them
-        names = ", ".join(f"{k}={r[len(CALLABLE_PREFIX):].removeprefix(k + '.')}" for k, r in missing.items())
+        names = handed_again(missing)
         refs = " and ".join(f"{k}.class_path {r!r}" for k, r in missing.items())
         raise ConfigError(f"{refs} are functions handed to triaccel's Python API in another process; hand them "
                           f"again: triaccel.resume(NAME, {names}) (or triaccel.extend(NAME, TRIALS, {names}), "
