@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
+import threading
+import time
 
+from triaccel import errors
 from triaccel.errors import (Interrupted, TriAccelError, disk_full, interrupted, stop_done, stop_on_ctrl_c,
                              stop_on_sigterm)
 from triaccel.search.state import again, close_running
@@ -86,6 +90,9 @@ def interruptible(name: str, uri: str):
     ends is spent with it."""
     stop_on_ctrl_c()
     stop_on_sigterm()
+    over = threading.Event()  # set as the search ends: Ray's processes stopping after that are no kill
+    hook = lambda: _watch_ray(name, uri, over)  # noqa: E731
+    errors.TERM_HOOKS.append(hook)
     try:
         yield
     except (KeyboardInterrupt, Interrupted) as e:
@@ -103,7 +110,59 @@ def interruptible(name: str, uri: str):
                                 f"`{again('resume', name)}` continues it") from None
         raise failed(name, uri, e) from None
     finally:
+        over.set()
+        errors.TERM_HOOKS.remove(hook)
         stop_done()
+
+
+# How long after a SIGTERM the search waits to see whether Ray's own processes stopped with it
+RAY_DOWN_WAIT_S = 5.0
+
+
+def own_ray_processes() -> list:
+    """The processes of the local Ray instance this driver started (GCS, raylet, monitors, dashboard, as Popen
+    handles); none where Ray is not up, or where the driver joined a cluster (whose processes it did not
+    start)."""
+    ray = sys.modules.get("ray")  # never imported from a signal handler
+    try:
+        node = ray._private.worker._global_node if ray is not None and ray.is_initialized() else None
+        return [i.process for infos in (node.all_processes.values() if node else []) for i in infos
+                if i.process is not None]
+    except Exception:  # noqa: BLE001 -- a Ray whose internals moved: the graceful path alone, as before
+        return []
+
+
+def _watch_ray(name: str, uri: str, over: threading.Event) -> None:
+    """SIGTERM reached the search (from the handler: quick, it only starts a thread). A SIGTERM sent to the
+    driver alone stops Tune's trials as Ctrl-C does, and the search ends as stopped. One sent to the whole
+    process group (systemd stopping a unit, ``scancel``, ``kill -- -PGID``) also reaches the local Ray
+    instance's processes, which the driver started in its own group: its monitors end at once, and the GCS
+    and raylet stop answering though they linger. Tune then waits on the GCS, and after 60 s Ray's C++ core
+    ends the process (exit 1), the search's runs left RUNNING and no line said. Where any of those
+    processes ends within RAY_DOWN_WAIT_S, the search ends here instead: its runs closed KILLED, the line
+    naming `resume`, exit 143 (the trials' workers, in groups of their own, end with the raylet). The
+    trials' checkpoints and Tune's state are what they were at the signal; `resume` continues from them."""
+    procs = own_ray_processes()
+    if not procs:
+        return
+
+    def watch():
+        deadline = time.monotonic() + RAY_DOWN_WAIT_S
+        while not any(p.poll() is not None for p in procs):
+            if over.is_set() or time.monotonic() > deadline:
+                return  # Ray lives on: the graceful stop
+            time.sleep(0.05)
+        if over.is_set():
+            return
+        with contextlib.suppress(Exception):
+            close_running(name, uri)
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            print(f"triaccel: interrupted: search '{name}' stopped before it finished (Ray's processes were "
+                  f"stopped with it): `{again('resume', name)}` continues it", file=sys.stderr, flush=True)
+        os._exit(143)  # Python's exit would wait on Ray's shutdown, which waits on the GCS
+
+    threading.Thread(target=watch, name="triaccel-ray-down", daemon=True).start()
 
 
 def failed(name: str, uri: str, e: Exception) -> TriAccelError:
