@@ -36,7 +36,8 @@ def cmd_resume(args) -> int:
     use_storage(args.storage)
     from triaccel.search.runner import resume_search
 
-    return exit_status("resume", resume_search(args.name, address=args.address, confirm=args.confirm))
+    return exit_status("resume", resume_search(args.name, address=args.address, confirm=args.confirm,
+                                               production_epochs=args.production_epochs))
 
 
 def cmd_extend(args) -> int:
@@ -223,6 +224,9 @@ def add_commands(sub, once) -> None:
                    help="join an existing Ray cluster (HOST:PORT or auto); default: the search's own")
     r.add_argument("--confirm", type=int, default=None, metavar="K",
                    help="as for search; default: what the search was started with")
+    r.add_argument("--production-epochs", type=int, default=None, metavar="N",
+                   help="judge the search again at N epochs, the length you train (its top K trials, K from "
+                        "--confirm or 3, and the reference, alone, paired by seed); its export then trains N epochs")
     r.add_argument("--storage", action=once, metavar="PATH_OR_URI", help=STORAGE_HELP)
     r.set_defaults(func=cmd_resume)
 

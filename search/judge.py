@@ -36,13 +36,15 @@ def candidates(o, k: int) -> list:
 
 
 def judged_runs(rows: list[dict], epochs: int) -> dict:
-    """Judge rows -> {trial run id or BASELINE: {seed: metrics}}, complete runs at ``epochs`` only."""
+    """Judge rows -> {trial run id or BASELINE: {seed: metrics}}, complete runs of exactly ``epochs`` only
+    (a search judged again at another length, ``resume --production-epochs``, holds runs of both)."""
     from triaccel.search.results import is_complete
 
     out: dict = {}
     for r in rows:
         key, seed = r["tags"].get(TAG_JUDGES), r["tags"].get("triaccel.seed")
-        if key and seed is not None and is_complete(r, epochs):
+        if key and seed is not None and is_complete(r, epochs) \
+                and int(r["metrics"].get("epoch", epochs)) == epochs:
             out.setdefault(key, {})[int(seed)] = r["metrics"]
     return out
 

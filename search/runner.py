@@ -12,16 +12,16 @@ from pathlib import Path
 
 from triaccel.errors import ConfigError, TriAccelError, check_stop
 from triaccel.search import phases
-from triaccel.search.alone import check_confirm, confirm_top, default_confirm, run_baselines
+from triaccel.search.alone import CONFIRM_WHEN_SHARED, check_confirm, confirm_top, default_confirm, run_baselines
 from triaccel.search.cluster import (check_address, check_driver_device, check_nodes_reach, check_resources, init_ray,
                                     on_gpu, shared_trials)
 from triaccel.search.lock import driver_lock
 from triaccel.search.signals import bounded_http_retries, interruptible, own_signals
-from triaccel.search.space import CONTROLLER_DEFAULTS, MAX_TRIALS, SearchSpace, load_space
+from triaccel.search.space import CONTROLLER_DEFAULTS, MAX_PRODUCTION_EPOCHS, MAX_TRIALS, SearchSpace, load_space
 from triaccel.search.state import (EXPERIMENT, STATE_FILE, again, check_name, claim_name, close_orphan_trials, close_running,
                                    name_unused_in_store, note_space_edits, open_store, parent_run, read_outcome, read_state, record_best,
-                                   saved_option, saved_space, search_finished, sqlite_path, state_store, tune_root, usable_store,
-                                   write_state)
+                                   rewrite_state, saved_option, saved_space, search_finished, sqlite_path, state_store, tune_root,
+                                   usable_store, write_state)
 from triaccel.search.tuner import (check_finished, new_tuner, quiet_tune_failures, restorable, trial_trainable,
                                   unfinished_extension, unstarted_extension)
 
@@ -131,17 +131,44 @@ def _claim_and_run(name: str, space: SearchSpace, uri: str, path: Path, made: bo
         return finish(name, space, uri, default_confirm(confirm, shared, on_gpu(space)))
 
 
-def resume_search(name: str, address: str | None = None, confirm: int | None = None) -> dict:
+def resume_search(name: str, address: str | None = None, confirm: int | None = None,
+                  production_epochs: int | None = None) -> dict:
     state = read_state(name)
     check_confirm(confirm)
     if not os.access(tune_root() / name, os.W_OK | os.X_OK):  # not pyarrow's traceback from Tune's restore
         raise ConfigError(f"{tune_root() / name}: cannot write there (a read-only disk or no permission): resume "
                           f"continues the search in that folder")
+    if production_epochs is not None:
+        check_production_epochs(saved_space(state), production_epochs)
     asked = confirm  # --confirm given now: a finished search runs its confirm step with it
     if confirm is None:  # as the search was started (a search stopped in its confirm runs resumes them)
         confirm = saved_option(state, "confirm")
     with driver_lock(name, tune_root() / name, "resume"):  # before anything is written or started
+        if production_epochs is not None:  # the judge runs at the new length, with the search's K or 3
+            judge_at(name, state, production_epochs)
+            confirm = asked = asked or confirm or CONFIRM_WHEN_SHARED
         return _resume(name, state, address, confirm, asked)
+
+
+def check_production_epochs(space: SearchSpace, n: int) -> None:
+    """``--production-epochs N``: the space's own bounds for production_epochs, named by the flag."""
+    if not space.epochs <= n <= MAX_PRODUCTION_EPOCHS:
+        raise ConfigError(f"--production-epochs {n}: must be in [train.epochs ({space.epochs}), "
+                          f"{MAX_PRODUCTION_EPOCHS}]: the length the export is trained for, judged at that length")
+
+
+def judge_at(name: str, state: dict, n: int) -> None:
+    """The search judges (and exports) at ``n`` epochs from now on: its saved space's production_epochs,
+    rewritten in its state. Judge runs at an earlier length stay in the store, and count again if that
+    length is asked for again."""
+    import json
+
+    was = state["space"].get("production_epochs")
+    raw = json.loads((tune_root() / name / STATE_FILE).read_text())  # as saved, not as read_state pinned it
+    raw["space"]["production_epochs"] = state["space"]["production_epochs"] = n
+    rewrite_state(name, raw)
+    print(f"triaccel resume '{name}': judged at {n} epochs from now on (was {was or 'none'}): its top trials and "
+          f"reference train alone at that length, and its export trains that long", flush=True)
 
 
 def check_cluster(name: str, address: str | None, state: dict, verb: str = "resume", rest: str = "") -> None:

@@ -362,13 +362,16 @@ def _options(src: str, data: dict, source: str) -> dict:
         grace_period=_opt(src, data, "grace_period", int, 1, lambda v: v >= 1, "must be >= 1"))
 
 
+MAX_PRODUCTION_EPOCHS = 100_000
+
+
 def _judging(src: str, data: dict, base: TrainConfig) -> dict:
     """The production length the judge judges at (none unless set) and its number of seeds."""
     out = {}
     if data.get("production_epochs") is not None:
         out["production_epochs"] = _opt(src, data, "production_epochs", int, None,
-                                        lambda v: base.epochs <= v <= 100_000,
-                                        f"must be in [train.epochs ({base.epochs}), 100000]: the length the "
+                                        lambda v: base.epochs <= v <= MAX_PRODUCTION_EPOCHS,
+                                        f"must be in [train.epochs ({base.epochs}), {MAX_PRODUCTION_EPOCHS}]: the length the "
                                         f"export is trained for, judged at that length")
     out["judge_seeds"] = _opt(src, data, "judge_seeds", int, 3, lambda v: 2 <= v <= 20,
                               "must be in [2, 20]: a lower bound over seeds needs at least two")

@@ -47,8 +47,8 @@ def again(verb: str, name: str, rest: str = "") -> str:
         # The flags the hint carries (--address local where the cluster is gone, --confirm K) as arguments
         words, flags = rest.split(), {}
         for flag, arg in zip(words, words[1:]):
-            if flag in ("--address", "--confirm", "--trials"):
-                flags[flag[2:]] = arg
+            if flag in ("--address", "--confirm", "--trials", "--production-epochs"):
+                flags[flag[2:].replace("-", "_")] = arg
         trials = f"{flags.pop('trials', 'TRIALS').replace('N', 'TRIALS')}, " if verb == "extend" else ""
         more = "".join(f", {k}={v!r}" if k == "address" else f", {k}={v}" for k, v in flags.items())
         return f"triaccel.{verb}({name!r}, {trials}{handed}{more}) from Python"
@@ -129,6 +129,21 @@ def list_names() -> list[str]:
     if not root.is_dir():
         return []
     return sorted(p.name for p in root.iterdir() if (p / STATE_FILE).is_file())
+
+
+def rewrite_state(name: str, state: dict) -> None:
+    """Replace an existing search's state, whole or not at all (under its driver lock: ``resume
+    --production-epochs`` changes the length its judge judges at and its export trains)."""
+    path = tune_root() / name
+    tmp = path / f".{STATE_FILE}.{os.getpid()}.tmp"
+    try:
+        tmp.write_text(json.dumps(state, indent=1))
+        os.replace(tmp, path / STATE_FILE)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot write the search's state there ({e.strerror or e})") from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 def write_state(name: str, path: Path, state: dict, made: bool) -> None:

@@ -276,12 +276,14 @@ def _space_name(path: str) -> str:
 
 
 def resume(name: str, model: Callable | str | None = None, data: Callable | str | None = None,
-           address: str | None = None, confirm: int | None = None) -> SearchResult:
-    """Continue a stopped search; a search started with functions that have no import path needs them again."""
+           address: str | None = None, confirm: int | None = None,
+           production_epochs: int | None = None) -> SearchResult:
+    """Continue a stopped search; a search started with functions that have no import path needs them again.
+    ``production_epochs``: judge it again at that length (``triaccel resume --production-epochs``)."""
     from triaccel.search.runner import resume_search
 
     _hand_again(name, model, data)
-    return outcome(name, resume_search(name, address=address, confirm=confirm))
+    return outcome(name, resume_search(name, address=address, confirm=confirm, production_epochs=production_epochs))
 
 
 def extend(name: str, trials: int, model: Callable | str | None = None, data: Callable | str | None = None,
