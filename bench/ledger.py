@@ -37,7 +37,8 @@ GPT = "GPT, Tiny Shakespeare: the export of `spaces/shakespeare_gpt.yaml`"
 HEADLINE = (("export_vs_static", "h200_search_bf16masters_judge_8ep.json", 8, "exported", SHIPPED),
             ("export_vs_static", "h200_search_bf16masters_16ep.json", 16, "exported", SHIPPED),
             ("export_vs_static", "h200_search_bf16masters_16ep_fp16ref.json", 16, "exported", SHIPPED),
-            ("lm", "h200_lm_search_judge_8ep.json", 8, "exported", GPT))
+            ("lm", "h200_lm_search_judge_8ep.json", 8, "exported", GPT),
+            ("lm", "h100_lm_export_16ep_ppr.json", 16, "exported", GPT))
 METRICS = (("efficiency", "efficiency", 1), ("val_acc", "val %", 2), ("epoch_time_last5_s", "s/epoch", 3),
            ("peak_mem_gib", "peak GiB", 3))
 
@@ -114,8 +115,12 @@ def headline() -> str:
         env = data["env"]
         rows = [r for r in summary_rows(data) if r[0] == run_name or r[0].startswith("static")]
         ours = dict(rows)[run_name]
+        margin = data.get("accuracy_margin_pp")
         for run, m in sorted(rows, key=lambda r: r[0] != run_name):
             ratio = "–" if run == run_name else f"**{ours['efficiency']['mean'] / m['efficiency']['mean']:.3f}×**"
+            gap = ours["val_acc"]["mean"] - m["val_acc"]["mean"]
+            if run != run_name and margin is not None and gap < -margin:  # no win: below the accuracy margin
+                ratio = f"{ratio.strip('*')} at {gap:+.2f} pp, beyond the {margin:g} pp margin"
             lines.append(f"| {label if run == run_name else run.replace('static amp', 'static AMP')} | {epochs} | "
                          f"{m['efficiency']['n']} | {fmt(m['efficiency'], 1)} | "
                          f"{fmt(m['val_acc'], 2)} | {m['epoch_time_last5_s']['mean']:.3f} | "
