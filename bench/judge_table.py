@@ -28,9 +28,10 @@ def stat(xs: list[float]) -> dict:
     return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
 
 
-def judge_runs(store: str, search: str) -> tuple[dict, dict, dict]:
+def judge_runs(store: str, search: str, epochs: int | None = None) -> tuple[dict, dict, dict]:
     """({trial id or BASELINE: {seed: metrics}}, {trial id or BASELINE: label}, {tag: values}) of the search's
-    judge runs; the last holds the sets of their machine tags (gpu, torch, git_revision)."""
+    judge runs (of ``epochs`` epochs only, where given: a search judged again at another length holds runs
+    of both); the last holds the sets of their machine tags (gpu, torch, git_revision)."""
     from mlflow.tracking import MlflowClient
 
     c = MlflowClient(store)
@@ -39,11 +40,15 @@ def judge_runs(store: str, search: str) -> tuple[dict, dict, dict]:
                          max_results=1000)
     trial_of = {r.info.run_id: r.data.tags.get("triaccel.trial_id")
                 for r in c.search_runs(exps, f"tags.`triaccel.search` = '{search}'", max_results=5000)}
+    lengths = {r.data.params.get("epochs") for r in runs if r.info.status == "FINISHED"}
+    if epochs is None and len(lengths) > 1:
+        raise SystemExit(f"judge_table: search '{search}' was judged at {', '.join(sorted(lengths, key=int))} "
+                         f"epochs: give --epochs")
     out: dict = {}
     labels: dict = {}
     machine: dict = {k: set() for k in MACHINE}
     for r in runs:
-        if r.info.status != "FINISHED":
+        if r.info.status != "FINISHED" or (epochs is not None and r.data.params.get("epochs") != str(epochs)):
             continue
         for k in MACHINE:
             machine[k].add(r.data.tags.get(k))
@@ -87,9 +92,11 @@ def main(argv=None) -> int:
     ap.add_argument("--exported", help="the exported trial's id (the verdict): named 'exported' in the file")
     ap.add_argument("--label", action="append", default=[], metavar="TRIAL=TEXT",
                     help="what a judged trial was (a start point, a sampled trial)")
+    ap.add_argument("--epochs", type=int, help="the judge runs of this length only (a search judged again with "
+                                                 "`resume --production-epochs` holds runs of two lengths)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    runs, labels, machine = judge_runs(a.store, a.search)
+    runs, labels, machine = judge_runs(a.store, a.search, a.epochs)
     if BASELINE not in runs:
         print(f"judge_table: no finished judge runs of the reference in search '{a.search}'", file=sys.stderr)
         return 2

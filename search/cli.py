@@ -225,8 +225,9 @@ def add_commands(sub, once) -> None:
     r.add_argument("--confirm", type=int, default=None, metavar="K",
                    help="as for search; default: what the search was started with")
     r.add_argument("--production-epochs", type=int, default=None, metavar="N",
-                   help="judge the search again at N epochs, the length you train (its top K trials, K from "
-                        "--confirm or 3, and the reference, alone, paired by seed); its export then trains N epochs")
+                   help="judge a finished search again at N epochs, the length you train (its top K trials, K "
+                        "from --confirm, else the search's own, else 3, and the reference, alone, paired by seed); "
+                        "its export then trains N epochs")
     r.add_argument("--storage", action=once, metavar="PATH_OR_URI", help=STORAGE_HELP)
     r.set_defaults(func=cmd_resume)
 

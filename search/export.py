@@ -44,7 +44,8 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
     row = chosen.row
     text = (f"# Exported by `triaccel export {name}` from MLflow run {row['run_id']} ({chosen.reason}).\n"
             + length_line(cfg.epochs, searched_epochs, flag=epochs, length=length)
-            + unjudged_line(name, cfg.epochs, j.epochs if j else searched_epochs, o.reference is not None)
+            + unjudged_line(name, cfg.epochs, j.epochs if j else searched_epochs,
+                            o.reference is not None and cfg.epochs >= space.epochs)
             + f"# Train with: {train_command(state, p)}\n"
             + ("# evaluate_test: true, though the space's train says false: the search never read the test split, "
                "and the production run reports it once, at its end\n" if test_said_false(space) else "")
@@ -55,12 +56,13 @@ def export(name: str, out: str, how: str = "best", force: bool = False, epochs: 
     return p
 
 
-def unjudged_line(name: str, epochs: int, judged_epochs: int, has_reference: bool) -> str:
+def unjudged_line(name: str, epochs: int, judged_epochs: int, can_judge: bool) -> str:
     """Where the export trains longer or shorter than its verdict was measured at (``--epochs``), the header
     says so and names the command that judges it at that length; said on stderr too. A verdict does not
     carry over: the GPT space's export, 2.6x static at the 8 epochs it was judged at, was 0.59 pp below
     static's accuracy at 16 (bench/results/lm)."""
-    if epochs == judged_epochs or not has_reference:  # no reference baseline: nothing to judge against
+    # can_judge: a reference baseline to judge against, at a length no shorter than the search's own
+    if epochs == judged_epochs or not can_judge:
         return ""
     how = again("resume", name, f"--production-epochs {epochs}")
     print(f"triaccel: note: the export trains {epochs} epochs, but its verdict was measured at {judged_epochs}: "

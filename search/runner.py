@@ -139,36 +139,66 @@ def resume_search(name: str, address: str | None = None, confirm: int | None = N
         raise ConfigError(f"{tune_root() / name}: cannot write there (a read-only disk or no permission): resume "
                           f"continues the search in that folder")
     if production_epochs is not None:
-        check_production_epochs(saved_space(state), production_epochs)
+        check_production_epochs(saved_space(state), production_epochs, confirm)
     asked = confirm  # --confirm given now: a finished search runs its confirm step with it
     if confirm is None:  # as the search was started (a search stopped in its confirm runs resumes them)
         confirm = saved_option(state, "confirm")
     with driver_lock(name, tune_root() / name, "resume"):  # before anything is written or started
-        if production_epochs is not None:  # the judge runs at the new length, with the search's K or 3
-            judge_at(name, state, production_epochs)
-            confirm = asked = asked or confirm or CONFIRM_WHEN_SHARED
+        if production_epochs is not None:  # the top K: --confirm K, else the search's own K where above 0, else 3
+            return judge_again(name, state, address, production_epochs, asked or confirm or CONFIRM_WHEN_SHARED)
         return _resume(name, state, address, confirm, asked)
 
 
-def check_production_epochs(space: SearchSpace, n: int) -> None:
-    """``--production-epochs N``: the space's own bounds for production_epochs, named by the flag."""
-    if not space.epochs <= n <= MAX_PRODUCTION_EPOCHS:
+def check_production_epochs(space: SearchSpace, n, confirm: int | None) -> None:
+    """``--production-epochs N`` (``production_epochs=N`` from Python): a whole number in the space's own
+    bounds for production_epochs, a space with a baseline to judge against, a K of at least 1."""
+    if isinstance(n, bool) or not isinstance(n, int) or not space.epochs <= n <= MAX_PRODUCTION_EPOCHS:
         raise ConfigError(f"--production-epochs {n}: must be in [train.epochs ({space.epochs}), "
                           f"{MAX_PRODUCTION_EPOCHS}]: the length the export is trained for, judged at that length")
+    if not space.baseline_runs():
+        raise ConfigError(f"--production-epochs {n}: the search trained no static baseline (its space's "
+                          f"baseline.batch_sizes is empty): there is nothing to judge its trials against")
+    if confirm == 0:
+        raise ConfigError(f"--production-epochs {n} with --confirm 0: the judge trains the top K trials "
+                          f"again at that length; give K of 1 or more, or leave --confirm out")
 
 
-def judge_at(name: str, state: dict, n: int) -> None:
-    """The search judges (and exports) at ``n`` epochs from now on: its saved space's production_epochs,
-    rewritten in its state. Judge runs at an earlier length stay in the store, and count again if that
-    length is asked for again."""
+def judge_again(name: str, state: dict, address: str | None, n: int, k: int) -> dict:
+    """``resume --production-epochs N`` on a finished search: its top K trials and its reference train alone
+    at N epochs, paired by seed (``run_judge``; pairs at N already in the store are kept), the summary and
+    pick follow that verdict, and only then does the search's state take N as its production length (what
+    ``export`` trains). Judge runs at an earlier length stay in the store and count only at theirs."""
+    import dataclasses
     import json
 
+    check_cluster(name, address, state)
+    space = dataclasses.replace(saved_space(state), production_epochs=n)
+    uri = state_store(state)
+    bounded_http_retries()
+    rest = f"--production-epochs {n}"
+    if not search_finished(name, uri):
+        raise ConfigError(f"--production-epochs {n}: search '{name}' has not finished: `{again('resume', name)}` "
+                          f"finishes it at its own length first")
+    from triaccel.search.judge import run_judge
+    from triaccel.userref import check_user_code, use_runtime_env
+
+    use_runtime_env(state.get("runtime_env"))
+    check_user_code(space)
+    if (joined := address or state.get("address")) and joined != "local":  # its runs alone hold this node
+        init_ray(joined, runtime_env=state.get("runtime_env"))
     was = state["space"].get("production_epochs")
+    print(f"triaccel resume '{name}': judging it at {n} epochs (was {was or 'none'}): its top {k} and its "
+          f"reference train alone at that length", flush=True)
+    with interruptible(name, uri, rest):
+        with phases.timed(uri, name, "confirm"):
+            run_judge(name, space, uri, k)
+        out = finish(name, space, uri, 0)  # the verdict at N, the summary; the confirm step is not run again
     raw = json.loads((tune_root() / name / STATE_FILE).read_text())  # as saved, not as read_state pinned it
-    raw["space"]["production_epochs"] = state["space"]["production_epochs"] = n
+    raw["space"]["production_epochs"] = n
     rewrite_state(name, raw)
-    print(f"triaccel resume '{name}': judged at {n} epochs from now on (was {was or 'none'}): its top trials and "
-          f"reference train alone at that length, and its export trains that long", flush=True)
+    print(f"triaccel resume '{name}': judged at {n} epochs from now on (was {was or 'none'}): "
+          f"`{again('export', name, '--out tuned.yaml')}` trains that long", flush=True)
+    return out
 
 
 def check_cluster(name: str, address: str | None, state: dict, verb: str = "resume", rest: str = "") -> None:

@@ -82,36 +82,38 @@ def own_signals():
 
 
 @contextlib.contextmanager
-def interruptible(name: str, uri: str):
+def interruptible(name: str, uri: str, rest: str = ""):
     """Ctrl-C or SIGTERM anywhere in a search (baselines, trials, confirm runs) ends it as stopped,
     never as finished: its runs still RUNNING in MLflow (the parent included) are closed KILLED, and
     the error says how to continue. The parent run is FINISHED only by ``finish``. Both signals are
     taken from here on (from Python as from the CLI); a stop request still standing when the search
-    ends is spent with it."""
+    ends is spent with it. ``rest``: the resume hint's arguments (a re-judge names its own length)."""
     stop_on_ctrl_c()
     stop_on_sigterm()
-    over = threading.Event()  # set as the search ends: Ray's processes stopping after that are no kill
-    hook = lambda: _watch_ray(name, uri, over)  # noqa: E731
-    errors.TERM_HOOKS.append(hook)
+    over, termed = threading.Event(), threading.Event()  # the search is ending; a SIGTERM arrived
+    threading.Thread(target=_watch_ray, args=(name, uri, over, termed, rest), name="triaccel-ray-down", daemon=True).start()
+    errors.TERM_HOOKS.append(termed.set)  # the handler only sets an event: no thread is started in it
     try:
         yield
     except (KeyboardInterrupt, Interrupted) as e:
-        _stopped(name, uri, f" ({e})" if isinstance(e, Interrupted) else "")
+        over.set()  # this path ends the search: the watcher stands down before it closes the runs
+        _stopped(name, uri, f" ({e})" if isinstance(e, Interrupted) else "", rest)
     except Exception as e:  # noqa: BLE001 -- MLflow, sqlite, Ray and the OS each say "full" their own way
+        over.set()
         gone = None if isinstance(e, TriAccelError) else server_gone(e, uri)  # a check's own line stays as it is
         if gone:  # the runs cannot be closed on a server that is down: resume closes and continues them
             raise TriAccelError(f"search '{name}' stopped: the MLflow server at {uri} stopped answering ({gone}); "
-                                f"start it again, then `{again('resume', name)}` continues the search") from None
+                                f"start it again, then `{again('resume', name, rest)}` continues the search") from None
         full = disk_full(e)  # first: a full disk met while stopping is what to fix (and the store may be on it)
         if full is None and interrupted(e):  # Ctrl-C or SIGTERM that landed inside a library call, wrapped in its error
-            _stopped(name, uri, "")
+            _stopped(name, uri, "", rest)
         if full is not None:
             raise TriAccelError(f"search '{name}' stopped: a disk it writes is full ({full}); free space, then "
-                                f"`{again('resume', name)}` continues it") from None
-        raise failed(name, uri, e) from None
+                                f"`{again('resume', name, rest)}` continues it") from None
+        raise failed(name, uri, e, rest) from None
     finally:
         over.set()
-        errors.TERM_HOOKS.remove(hook)
+        errors.TERM_HOOKS.remove(termed.set)
         stop_done()
 
 
@@ -132,40 +134,40 @@ def own_ray_processes() -> list:
         return []
 
 
-def _watch_ray(name: str, uri: str, over: threading.Event) -> None:
-    """SIGTERM reached the search (from the handler: quick, it only starts a thread). A SIGTERM sent to the
-    driver alone stops Tune's trials as Ctrl-C does, and the search ends as stopped. One sent to the whole
-    process group (systemd stopping a unit, ``scancel``, ``kill -- -PGID``) also reaches the local Ray
-    instance's processes, which the driver started in its own group: its monitors end at once, and the GCS
-    and raylet stop answering though they linger. Tune then waits on the GCS, and after 60 s Ray's C++ core
-    ends the process (exit 1), the search's runs left RUNNING and no line said. Where any of those
-    processes ends within RAY_DOWN_WAIT_S, the search ends here instead: its runs closed KILLED, the line
-    naming `resume`, exit 143 (the trials' workers, in groups of their own, end with the raylet). The
-    trials' checkpoints and Tune's state are what they were at the signal; `resume` continues from them."""
-    procs = own_ray_processes()
-    if not procs:
-        return
-
-    def watch():
-        deadline = time.monotonic() + RAY_DOWN_WAIT_S
-        while not any(p.poll() is not None for p in procs):
-            if over.is_set() or time.monotonic() > deadline:
-                return  # Ray lives on: the graceful stop
-            time.sleep(0.05)
+def _watch_ray(name: str, uri: str, over: threading.Event, termed: threading.Event, rest: str = "") -> None:
+    """A thread for the length of the search. A SIGTERM sent to the driver alone stops Tune's trials as Ctrl-C
+    does, and the search ends as stopped. One sent to the whole process group (systemd stopping a unit,
+    ``scancel``, ``kill -- -PGID``) also reaches the local Ray instance's processes, which the driver started
+    in its own group: its monitors end at once, and the GCS and raylet stop answering though they linger.
+    Tune then waits on the GCS, and after 60 s Ray's C++ core ends the process (exit 1), the search's runs
+    left RUNNING and no line said. So, until the search ends (``over``), this notes every 0.5 s which of
+    Ray's processes are alive; where one of them ends within RAY_DOWN_WAIT_S of a SIGTERM (``termed``), the
+    search ends here: its runs closed KILLED, the line naming `resume`, exit 143 (the trials' workers, in
+    groups of their own, end with the raylet). The trials' checkpoints and Tune's state are what they were
+    at the signal; `resume` continues from them. A process that had ended before the signal counts for
+    nothing."""
+    alive: list = []
+    while not termed.wait(0.5):
         if over.is_set():
             return
-        with contextlib.suppress(Exception):
-            close_running(name, uri)
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            print(f"triaccel: interrupted: search '{name}' stopped before it finished (Ray's processes were "
-                  f"stopped with it): `{again('resume', name)}` continues it", file=sys.stderr, flush=True)
-        os._exit(143)  # Python's exit would wait on Ray's shutdown, which waits on the GCS
+        alive = [p for p in own_ray_processes() if p.poll() is None]
+    deadline = time.monotonic() + RAY_DOWN_WAIT_S
+    while not any(p.poll() is not None for p in alive):
+        if over.is_set() or time.monotonic() > deadline or not alive:
+            return  # Ray lives on (or was never up): the graceful stop
+        time.sleep(0.05)
+    if over.is_set():
+        return
+    with contextlib.suppress(Exception):
+        close_running(name, uri)
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        print(f"triaccel: interrupted: search '{name}' stopped before it finished (Ray's processes were "
+              f"stopped with it): `{again('resume', name, rest)}` continues it", file=sys.stderr, flush=True)
+    os._exit(143)  # Python's exit would wait on Ray's shutdown, which waits on the GCS
 
-    threading.Thread(target=watch, name="triaccel-ray-down", daemon=True).start()
 
-
-def failed(name: str, uri: str, e: Exception) -> TriAccelError:
+def failed(name: str, uri: str, e: Exception, rest: str = "") -> TriAccelError:
     """Any other end of a search that is no user's stop (a store locked for too long, Ray that could not
     start, an error in Tune): its runs still RUNNING are closed KILLED where the store lets them be (a
     parent left RUNNING read as a search still going), and the cause is one line saying how to continue."""
@@ -180,11 +182,11 @@ def failed(name: str, uri: str, e: Exception) -> TriAccelError:
     text = str(cause or e).strip()
     why = text.splitlines()[0][:300] if text else type(e).__name__
     # the cause may be the user's code, failing the same way every time: resuming first is no use
-    return TriAccelError(f"search '{name}' stopped: {why}; once its cause is fixed, `{again('resume', name)}` "
+    return TriAccelError(f"search '{name}' stopped: {why}; once its cause is fixed, `{again('resume', name, rest)}` "
                          f"continues it")
 
 
-def _stopped(name: str, uri: str, left: str) -> None:
+def _stopped(name: str, uri: str, left: str, rest: str = "") -> None:
     close_running(name, uri)
-    raise Interrupted(f"search '{name}' stopped before it finished{left}: `{again('resume', name)}` "
+    raise Interrupted(f"search '{name}' stopped before it finished{left}: `{again('resume', name, rest)}` "
                       f"continues it") from None

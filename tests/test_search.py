@@ -808,9 +808,12 @@ def test_the_judge_pairs_trial_and_reference_by_seed_at_the_production_length(tm
     assert r.returncode == 2 and r.stderr.strip() == (
         "triaccel: error: --production-epochs 0: must be in [train.epochs (1), 100000]: the length the export "
         "is trained for, judged at that length"), r.stderr
+    r = cli("resume", "j", "--production-epochs", "3", "--confirm", "0", cwd=tmp_path)
+    assert r.returncode == 2 and "--production-epochs 3 with --confirm 0" in r.stderr, r.stderr
     r = cli("resume", "j", "--production-epochs", "3", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "judged at 3 epochs from now on (was 2)" in r.stdout and "export the best" in r.stdout, r.stdout
+    assert "re-running alone" not in r.stdout  # the judge alone: the confirm step is not run again
     _, judged = trial_runs(tmp_path, "j", role="judge")
     by = {(x.data.tags["triaccel.judges"], int(x.data.tags["triaccel.seed"]), x.data.params["epochs"]): x
           for x in judged if x.info.status == "FINISHED"}
@@ -825,3 +828,8 @@ def test_the_judge_pairs_trial_and_reference_by_seed_at_the_production_length(tm
     assert judge["candidates"][0]["ratios"] == pytest.approx(ratios)
     r = cli("resume", "j", cwd=tmp_path)  # the search keeps its new length: nothing more runs
     assert r.returncode == 0 and "has finished; nothing was left to run" in r.stdout, r.stdout
+    # the results table reads one length at a time
+    r = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "bench" / "judge_table.py"),
+                        "--store", f"sqlite:///{tmp_path}/mlruns/mlflow.db", "--search", "j", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300, env=user_env())
+    assert r.returncode != 0 and "was judged at 2, 3 epochs: give --epochs" in r.stderr, r.stderr[-2000:]
