@@ -745,6 +745,8 @@ def test_the_judge_pairs_trial_and_reference_by_seed_at_the_production_length(tm
     ratios = [by[(t.info.run_id, s)].data.metrics["efficiency"] / by[("baseline", s)].data.metrics["efficiency"]
               for s in (0, 1)]
     assert "judged at 2 epochs (the production length)" in r.stdout, r.stdout
+    assert r.stdout.rstrip().endswith("judged at 2 epochs: to train another length N, `triaccel resume j "
+                                      "--production-epochs N` judges it there first"), r.stdout[-500:]
     assert re.search(r"ratio \d\.\d{3} ± \d\.\d{3} over 2 seeds, 95 % lower bound", r.stdout), r.stdout
     r = cli("export", "j", "--out", "tuned.yaml", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
