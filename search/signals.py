@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
-import threading
-import time
 
-from triaccel import errors
 from triaccel.errors import (Interrupted, TriAccelError, disk_full, interrupted, stop_done, stop_on_ctrl_c,
                              stop_on_sigterm)
 from triaccel.search.state import again, close_running
@@ -90,16 +86,11 @@ def interruptible(name: str, uri: str, rest: str = ""):
     ends is spent with it. ``rest``: the resume hint's arguments (a re-judge names its own length)."""
     stop_on_ctrl_c()
     stop_on_sigterm()
-    over, termed = threading.Event(), threading.Event()  # the search is ending; a SIGTERM arrived
-    threading.Thread(target=_watch_ray, args=(name, uri, over, termed, rest), name="triaccel-ray-down", daemon=True).start()
-    errors.TERM_HOOKS.append(termed.set)  # the handler only sets an event: no thread is started in it
     try:
         yield
     except (KeyboardInterrupt, Interrupted) as e:
-        over.set()  # this path ends the search: the watcher stands down before it closes the runs
         _stopped(name, uri, f" ({e})" if isinstance(e, Interrupted) else "", rest)
     except Exception as e:  # noqa: BLE001 -- MLflow, sqlite, Ray and the OS each say "full" their own way
-        over.set()
         gone = None if isinstance(e, TriAccelError) else server_gone(e, uri)  # a check's own line stays as it is
         if gone:  # the runs cannot be closed on a server that is down: resume closes and continues them
             raise TriAccelError(f"search '{name}' stopped: the MLflow server at {uri} stopped answering ({gone}); "
@@ -112,59 +103,7 @@ def interruptible(name: str, uri: str, rest: str = ""):
                                 f"`{again('resume', name, rest)}` continues it") from None
         raise failed(name, uri, e, rest) from None
     finally:
-        over.set()
-        errors.TERM_HOOKS.remove(termed.set)
         stop_done()
-
-
-# How long after a SIGTERM the search waits to see whether Ray's own processes stopped with it
-RAY_DOWN_WAIT_S = 5.0
-
-
-def own_ray_processes() -> list:
-    """The processes of the local Ray instance this driver started (GCS, raylet, monitors, dashboard, as Popen
-    handles); none where Ray is not up, or where the driver joined a cluster (whose processes it did not
-    start)."""
-    ray = sys.modules.get("ray")  # never imported from a signal handler
-    try:
-        node = ray._private.worker._global_node if ray is not None and ray.is_initialized() else None
-        return [i.process for infos in (node.all_processes.values() if node else []) for i in infos
-                if i.process is not None]
-    except Exception:  # noqa: BLE001 -- a Ray whose internals moved: the graceful path alone, as before
-        return []
-
-
-def _watch_ray(name: str, uri: str, over: threading.Event, termed: threading.Event, rest: str = "") -> None:
-    """A thread for the length of the search. A SIGTERM sent to the driver alone stops Tune's trials as Ctrl-C
-    does, and the search ends as stopped. One sent to the whole process group (systemd stopping a unit,
-    ``scancel``, ``kill -- -PGID``) also reaches the local Ray instance's processes, which the driver started
-    in its own group: its monitors end at once, and the GCS and raylet stop answering though they linger.
-    Tune then waits on the GCS, and after 60 s Ray's C++ core ends the process (exit 1), the search's runs
-    left RUNNING and no line said. So, until the search ends (``over``), this notes every 0.5 s which of
-    Ray's processes are alive; where one of them ends within RAY_DOWN_WAIT_S of a SIGTERM (``termed``), the
-    search ends here: its runs closed KILLED, the line naming `resume`, exit 143 (the trials' workers, in
-    groups of their own, end with the raylet). The trials' checkpoints and Tune's state are what they were
-    at the signal; `resume` continues from them. A process that had ended before the signal counts for
-    nothing."""
-    alive: list = []
-    while not termed.wait(0.5):
-        if over.is_set():
-            return
-        alive = [p for p in own_ray_processes() if p.poll() is None]
-    deadline = time.monotonic() + RAY_DOWN_WAIT_S
-    while not any(p.poll() is not None for p in alive):
-        if over.is_set() or time.monotonic() > deadline or not alive:
-            return  # Ray lives on (or was never up): the graceful stop
-        time.sleep(0.05)
-    if over.is_set():
-        return
-    with contextlib.suppress(Exception):
-        close_running(name, uri)
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-        print(f"triaccel: interrupted: search '{name}' stopped before it finished (Ray's processes were "
-              f"stopped with it): `{again('resume', name, rest)}` continues it", file=sys.stderr, flush=True)
-    os._exit(143)  # Python's exit would wait on Ray's shutdown, which waits on the GCS
 
 
 def failed(name: str, uri: str, e: Exception, rest: str = "") -> TriAccelError:

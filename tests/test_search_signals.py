@@ -16,12 +16,10 @@ import yaml
 from _harness import SPACE, cli, runs, user_env, with_store
 
 
-def _signal_when(tmp_path, name, space, ready, sig=signal.SIGTERM, group=None):
+def _signal_when(tmp_path, name, space, ready, sig=signal.SIGTERM):
     """Start a search and, once ``ready()`` holds, stop it: SIGTERM to its process alone (as `kill PID`
-    sends it), SIGINT to its process group (as Ctrl-C in a terminal sends it); ``group=True`` sends SIGTERM
-    to the group (as systemd stopping a unit or ``scancel`` reach every process). Returns
+    or a scheduler sends it), SIGINT to its process group (as Ctrl-C in a terminal sends it). Returns
     (returncode, stdout, stderr)."""
-    group = sig == signal.SIGINT if group is None else group
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "search", "--space", "space.yaml", "--name", name],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=user_env(),
@@ -31,7 +29,7 @@ def _signal_when(tmp_path, name, space, ready, sig=signal.SIGTERM, group=None):
         while time.monotonic() < deadline and proc.poll() is None and not ready():
             time.sleep(0.05)
         assert proc.poll() is None, "the search ended before the moment to stop it"
-        os.killpg(proc.pid, sig) if group else proc.send_signal(sig)
+        os.killpg(proc.pid, sig) if sig == signal.SIGINT else proc.send_signal(sig)
         out, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
@@ -167,32 +165,6 @@ def test_sigterm_in_the_trials_is_no_abort_and_closes_the_runs(tmp_path):
     _, all_runs = runs(tmp_path, "tt")
     assert [r.info.status for r in all_runs if r.data.tags["triaccel.role"] == "parent"] == ["KILLED"]
     assert not [r for r in all_runs if r.info.status == "RUNNING"]
-
-
-@pytest.mark.slow
-def test_sigterm_to_the_process_group_in_the_trials_closes_the_runs_and_resume_finishes(tmp_path):
-    """SIGTERM to the whole process group once trials report, as systemd or ``scancel`` send it: the local
-    Ray instance's processes, in the driver's group, stop with it. The driver waited 60 s for the GCS
-    and Ray's core ended it with exit 1, its runs left RUNNING and no line said. Now it is the stop that
-    SIGTERM to the driver alone is: exit 143, the line naming `resume`, nothing RUNNING; and `resume`
-    finishes the search from what the killed trials left."""
-    with_store(tmp_path)  # a copy of the migrated template (the store's creation: elsewhere)
-    space = dict(SPACE)
-    space["train"] = dict(SPACE["train"], epochs=4)
-    rc, out, err = _signal_when(tmp_path, "tg", space, lambda: any(
-        f.stat().st_size for f in (tmp_path / "mlruns" / "tune" / "tg").glob("*/result.json")), group=True)
-    assert rc == 143 and "Traceback" not in err, (rc, out[-2000:], err[-2000:])
-    assert err.strip().splitlines()[-1] == ("triaccel: interrupted: search 'tg' stopped before it finished (Ray's "
-                                            "processes were stopped with it): `triaccel resume tg` continues it")
-    _, all_runs = runs(tmp_path, "tg")
-    assert [r.info.status for r in all_runs if r.data.tags["triaccel.role"] == "parent"] == ["KILLED"]
-    assert not [r for r in all_runs if r.info.status == "RUNNING"]
-    r = cli("resume", "tg", cwd=tmp_path)
-    assert r.returncode == 0 and "export the best" in r.stdout, r.stderr[-3000:]
-    _, all_runs = runs(tmp_path, "tg")
-    assert [r.info.status for r in all_runs if r.data.tags["triaccel.role"] == "parent"] == ["FINISHED"]
-    assert len({r.data.tags["triaccel.trial_id"] for r in all_runs if r.data.tags["triaccel.role"] == "trial"
-                and r.info.status == "FINISHED"}) == 2
 
 
 @pytest.mark.slow

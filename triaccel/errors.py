@@ -78,15 +78,8 @@ def _on_int(signum, frame):
     raise KeyboardInterrupt
 
 
-# Called first, with no argument, by the SIGTERM handler: quick, non-blocking (search/signals.py watches
-# whether the signal also stopped the search's own Ray processes, as a whole process group's SIGTERM does).
-TERM_HOOKS: list = []
-
-
 def _on_term(signum, frame):
     request_stop(signum)
-    for hook in list(TERM_HOOKS):
-        hook()
     import signal
 
     handler = signal.getsignal(signal.SIGINT)  # Tune's graceful stop while trials run
