@@ -171,18 +171,15 @@ def judge_again(name: str, state: dict, address: str | None, n: int, k: int) -> 
     import dataclasses
     import json
 
-    check_cluster(name, address, state)
-    space = dataclasses.replace(saved_space(state), production_epochs=n)
-    uri = state_store(state)
-    bounded_http_retries()
+    space, uri = _reopen(name, state, address)
+    space = dataclasses.replace(space, production_epochs=n)
     rest = f"--production-epochs {n}"
     if not search_finished(name, uri):
         raise ConfigError(f"--production-epochs {n}: search '{name}' has not finished: `{again('resume', name)}` "
                           f"finishes it at its own length first")
     from triaccel.search.judge import run_judge
-    from triaccel.userref import check_user_code, use_runtime_env
+    from triaccel.userref import check_user_code
 
-    use_runtime_env(state.get("runtime_env"))
     check_user_code(space)
     if (joined := address or state.get("address")) and joined != "local":  # its runs alone hold this node
         init_ray(joined, runtime_env=state.get("runtime_env"))
@@ -238,14 +235,13 @@ def _name_taken(name: str, path: Path) -> str:
     return f"search '{name}' already exists in {path}: `{again('resume', name)}` continues it, or choose another --name"
 
 
-def _resume(name: str, state: dict, address: str | None, confirm: int | None, asked: int | None = None) -> dict:
+def _reopen(name: str, state: dict, address: str | None) -> tuple[SearchSpace, str]:
+    """What every resume does first: the cluster answers, the user's code is found where the search found
+    it (from any folder), and its MLflow store is still there. Returns (the saved space, the store's URI)."""
+    from triaccel.userref import use_runtime_env
+
     check_cluster(name, address, state)
-    space = saved_space(state)
-    from triaccel.userref import check_user_code, use_runtime_env
-
-    use_runtime_env(state.get("runtime_env"))  # the user's code where the search found it, from any folder
-    from ray import tune
-
+    use_runtime_env(state.get("runtime_env"))
     uri = state_store(state)
     bounded_http_retries()
     if uri.startswith("sqlite:///") and not sqlite_path(uri).is_file():
@@ -253,6 +249,15 @@ def _resume(name: str, state: dict, address: str | None, confirm: int | None, as
         # the search finished with the trials it ran there
         raise ConfigError(f"search '{name}': its MLflow store {sqlite_path(uri)} is gone (moved or deleted): "
                           f"put it back to resume the search")
+    return saved_space(state), uri
+
+
+def _resume(name: str, state: dict, address: str | None, confirm: int | None, asked: int | None = None) -> dict:
+    space, uri = _reopen(name, state, address)
+    from ray import tune
+
+    from triaccel.userref import check_user_code
+
     finished = search_finished(name, uri)  # its parent run closed FINISHED: only `finish` does that
     if finished and not asked:  # nothing will train: the user's code is not needed, nor asked for
         print(f"triaccel resume '{name}': the search has finished; nothing was left to run (export it: "
