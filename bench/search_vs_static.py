@@ -6,9 +6,9 @@ would have run anyway? (issue 12)
 1. The default search of ``spaces/cifar10_jpeg_resnet18.yaml`` as shipped (16 trials, four
    sharing the GPU, its own static baselines, the top 3 confirmed alone) -> ``triaccel export``.
 2. The exported config trained alone for ``--epochs`` epochs, and static AMP (the space's own
-   ``train`` settings in ``amp`` mode, without checkpointing; warm-up 2 epochs) at each
-   ``--static`` dtype:batch, alone, same epochs, over ``--seeds`` (``--static-once`` runs take
-   the first seed only).
+   ``train`` settings in ``amp`` mode, its optimizer and warm-up as the search's baselines have
+   them, without checkpointing) at each ``--static`` dtype:batch, alone, same epochs, over
+   ``--seeds`` (``--static-once`` runs take the first seed only).
    Runs are interleaved seed by seed in one process; the JSON is rewritten after each run.
 Reported: per run and seed val acc, epoch time (mean of the last 5), peak memory, efficiency;
 mean +- std over seeds; the ratio exported / best static (by mean efficiency) and the
@@ -263,14 +263,24 @@ def start_point(space: dict, k: int, work: Path, space_file: str) -> Path:
     return p
 
 
+def resolved_optim(d: dict) -> dict:
+    """The optimizer settings train dict ``d`` runs with, every default filled in (JSON types)."""
+    import dataclasses
+
+    from triaccel.config import OptimConfig, from_dict
+
+    return json.loads(json.dumps(dataclasses.asdict(from_dict(OptimConfig, copy.deepcopy(d.get("optim") or {})))))
+
+
 def static_runs(space: dict, epochs: int):
     """A function from ``dtype:batch[:captured][:compiled][:torchws]`` to (label, train dict): static AMP with
-    the space's own train settings (its data, model, optimizer and cuBLAS workspace); no controllers, no
-    checkpointing (a user's plain run)."""
+    the space's own train settings (its data, model, optimizer with its warm-up, and cuBLAS workspace), as the
+    search's own baselines train (search.space.Space.baseline_runs); no controllers, no checkpointing (a user's
+    plain run, and the same arithmetic). The optimizer is the export's too, so an accuracy gap is the loop's,
+    not the schedule's."""
     static = copy.deepcopy(space["train"])
     static.pop("triaccel", None)
     static.update(mode="amp", epochs=epochs, checkpointing=False)
-    static.setdefault("optim", {})["warmup_epochs"] = 2
 
     def static_cfg(spec):
         dt, b, *flags = spec.split(":")
@@ -332,7 +342,7 @@ def resumed(path: str, res: dict, plan: list) -> list:
     here = env()
     old.setdefault("isolation", "one process, after a warm-up run")  # files from before --process-per-run
     for key, mine in (("epochs", res["epochs"]), ("space", res["space"]), ("provenance", res.get("provenance")),
-                      ("isolation", res["isolation"])):
+                      ("isolation", res["isolation"]), ("static_optim", res["static_optim"])):
         if old.get(key) != mine:
             sys.exit(f"--resume {path}: its {key} is {old.get(key)!r}, this command's {mine!r}")
     for key in ("gpu", "git_rev"):
@@ -434,7 +444,16 @@ def main():
     tuned.setdefault("data", {})["data_dir"] = args.data_dir  # the data every static run reads
     variants = variants_of(tuned, args.variant)
     res["variants"] = args.variant
-    plan = plan_runs(args, tuned, variants, static_runs(space, args.epochs))
+    static_cfg = static_runs(space, args.epochs)
+    # the static runs' optimizer, schedule included: a --resume of a file whose static runs trained another
+    # one is refused, and an export whose optimizer differs is named, since the accuracy gap then includes it
+    res["static_optim"] = resolved_optim(static_cfg("bf16:1")[1])
+    exported_optim = resolved_optim(tuned)
+    differ = sorted(k for k in res["static_optim"] if res["static_optim"][k] != exported_optim[k])
+    if differ:
+        print(f"note: the export's optimizer differs from the static runs' in {', '.join('optim.' + k for k in differ)}:"
+              " their accuracy gap includes it", flush=True)
+    plan = plan_runs(args, tuned, variants, static_cfg)
     if args.resume:
         plan = resumed(args.resume, res, plan)
         if not plan:
