@@ -156,6 +156,7 @@ def run_baselines(name: str, space: SearchSpace, uri: str, shared: int, fresh: b
         print(f"baselines: static AMP {', '.join(label for label, _ in todo)}, alone, "
               f"{space.epochs} epochs each (what a user would run without the search"
               f"{'' if fresh else '; reused where this store measured one alike'})", flush=True)
+    baseline_cache.clear_file_fingerprints()  # the data as it is now, not as an earlier search in this process saw it
     for label, d in todo:
         cfg = from_dict(TrainConfig, d)
         tags = {"parent": parent, TAG_SEARCH: name, TAG_ROLE: "baseline", "triaccel.baseline": label,

@@ -5,9 +5,11 @@ the resolved training config (model, data, epochs, seed, dtype, batch, capture, 
 every key but tracking, names and the exported provenance), the device model (the GPU's name, or
 'cpu' with the CPU's model and torch's thread count), the torch, CUDA and project versions (the
 package version and git revision, or a hash of the package source where the tree has no clean
-revision), and the user's model and data code where a class_path names it (``user_code``: the
-package's sources, or a handed function's script, source and plain globals). Data files the user's
-code reads are not in the key: ``--fresh-baselines`` re-measures after they change. A new search looks in its MLflow store for a FINISHED baseline run of the same key that
+revision), the user's model and data code where a class_path names it (``user_code``: the
+package's sources, or a handed function's script, source and plain globals), and the data files
+(``data_files``: each file's path under its folder, size and modification time, for ``data.data_dir``
+and every path the model's and data's ``init_args`` name). A file changed in place with its size and
+time kept is not seen: ``--fresh-baselines`` re-measures. A new search looks in its MLflow store for a FINISHED baseline run of the same key that
 reached its epochs, and logs a child run of its own that copies the source's params and every
 metric's history, tagged ``triaccel.reused_from`` (the run first trained), ``..._search`` and
 ``..._date``: the rules, the summary and the UI read it as a baseline trained today. The store is
@@ -226,11 +228,82 @@ def user_code(cfg) -> dict:
     return out
 
 
+MAX_DATA_FILES = 2_000_000  # a data folder of more files gets no fingerprint: its baseline is never reused
+
+
+@functools.lru_cache(maxsize=32)
+def _files_fingerprint(path: str) -> str | None:
+    """A hash of every file under ``path`` (or of the file itself): its path below ``path``, size and
+    modification time, so that an added, removed, replaced or edited file changes it. None where it cannot
+    be read whole. Cached: a search's baselines share their data, and a walk of CIFAR-10's 60 000 JPEGs
+    takes a second; ``run_baselines`` clears it, so each search reads the files as they are then."""
+    import os
+
+    root = Path(path)
+    h, n = hashlib.sha256(), 0
+    try:
+        if root.is_file():
+            st = root.stat()
+            h.update(f"{root.name}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+            return h.hexdigest()
+        for d, dirs, files in os.walk(root, onerror=_raise):
+            dirs.sort()
+            for f in sorted(files):
+                n += 1
+                if n > MAX_DATA_FILES:
+                    return None
+                st = os.stat(os.path.join(d, f))
+                h.update(f"{os.path.relpath(os.path.join(d, f), root)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+def clear_file_fingerprints() -> None:
+    _files_fingerprint.cache_clear()
+
+
+def _raise(e: OSError):
+    raise e
+
+
+def _named_paths(value) -> list[str]:
+    """The existing files and folders a config value names: a string, or the strings in a list or dict."""
+    if isinstance(value, str):
+        return [value] if value and Path(value).expanduser().exists() else []
+    if isinstance(value, dict):
+        return [p for v in value.values() for p in _named_paths(v)]
+    if isinstance(value, (list, tuple)):
+        return [p for v in value for p in _named_paths(v)]
+    return []
+
+
+def data_files(cfg) -> dict:
+    """A fingerprint of the data on disk that a run reads: ``data.data_dir`` and every existing path the
+    model's and data's ``init_args`` name (a user's factory reading its own files). Keyed by the setting that
+    names it; a folder that cannot be read whole gets a fresh token, so its baseline is never reused."""
+    import uuid
+
+    d = cfg.data.data_dir if cfg.data.class_path is None else None  # a factory reads no data_dir
+    named = {"data.data_dir": [d] if d and Path(d).expanduser().exists() else []}
+    for section in ("model", "data"):
+        for key, value in (getattr(cfg, section).init_args or {}).items():
+            named[f"{section}.init_args.{key}"] = _named_paths(value)
+    out = {}
+    for setting, paths in named.items():
+        for i, p in enumerate(paths):
+            fp = _files_fingerprint(str(Path(p).expanduser().resolve()))
+            out[setting + (f"[{i}]" if len(paths) > 1 else "")] = fp if fp is not None else f"unread-{uuid.uuid4()}"
+    return out
+
+
 def reuse_key(cfg) -> str:
     """The hash two baseline runs share exactly when one's figures stand for the other's."""
     doc = {"settings": settings(cfg), "device": device_model(cfg.device), **versions()}
     if code := user_code(cfg):  # the shipped models and data: their code is the project's (versions)
         doc["user_code"] = code
+    if files := data_files(cfg):  # the shipped data sets without a folder (digits, the corpora): none
+        doc["data_files"] = files
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 

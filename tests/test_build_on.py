@@ -98,6 +98,50 @@ def test_reuse_key_follows_the_users_model_and_data_code(tmp_path, monkeypatch):
     assert baseline_cache.user_code(small_cfg()) == {}  # the shipped models and data: their code is the project's
 
 
+def test_reuse_key_follows_the_data_files_a_run_reads(tmp_path):
+    """A baseline measured on a data folder was reused after images were added to it: the files on disk
+    were not in the key. Now they are, by path, size and modification time: data.data_dir's files (unread,
+    so not in the key, where a data factory reads its own) and every path the model's or data's init_args
+    name, such as a factory's weights file."""
+    from triaccel.search import baseline_cache
+
+    cat = tmp_path / "imgs" / "train" / "cat"
+    cat.mkdir(parents=True)
+    (cat / "a.png").write_bytes(b"x" * 10)
+
+    def key(**over):  # what a new search computes: the files as they are now
+        baseline_cache.clear_file_fingerprints()
+        return baseline_cache.reuse_key(small_cfg(**{"data.name": "imagefolder", "data.data_dir": str(tmp_path / "imgs"),
+                                                     **over}))
+
+    first = key()
+    assert key() == first  # nothing changed: reused
+    (cat / "b.png").write_bytes(b"y" * 10)  # an image added
+    added = key()
+    assert added != first
+    (cat / "b.png").write_bytes(b"y" * 11)  # an image edited
+    assert key() not in (first, added)
+    (cat / "b.png").unlink()
+    assert key() == first  # removed again: the folder as the first search saw it
+    # cached within a search's baselines until cleared: a walk of a large folder is read once per search
+    fp = baseline_cache._files_fingerprint(str((tmp_path / "imgs").resolve()))
+    (cat / "c.png").write_bytes(b"z")
+    assert baseline_cache._files_fingerprint(str((tmp_path / "imgs").resolve())) == fp
+    baseline_cache.clear_file_fingerprints()
+    assert baseline_cache._files_fingerprint(str((tmp_path / "imgs").resolve())) != fp
+    # a path a factory's init_args name (a weights file); a string that names no file is a plain setting
+    weights = tmp_path / "w.pt"
+    weights.write_bytes(b"1")
+    files = lambda: (baseline_cache.clear_file_fingerprints(), baseline_cache.data_files(small_cfg(**{  # noqa: E731
+        "model.class_path": "torch.nn:Linear", "model.init_args.weights": str(weights),
+        "model.init_args.note": "not-a-file"})))[1]
+    before = files()
+    assert list(before) == ["model.init_args.weights"]
+    weights.write_bytes(b"22")
+    assert files() != before
+    assert baseline_cache.data_files(small_cfg()) == {}  # digits ships with the install: no files named
+
+
 def _runs(uri, name, role="baseline"):
     from mlflow.tracking import MlflowClient
 
