@@ -270,7 +270,10 @@ def _raise(e: OSError):
 def _named_paths(value) -> list[str]:
     """The existing files and folders a config value names: a string, or the strings in a list or dict."""
     if isinstance(value, str):
-        return [value] if value and Path(value).expanduser().exists() else []
+        try:
+            return [value] if value and Path(value).expanduser().exists() else []
+        except (OSError, ValueError):  # a name too long for a path, a NUL in it: no file
+            return []
     if isinstance(value, dict):
         return [p for v in value.values() for p in _named_paths(v)]
     if isinstance(value, (list, tuple)):
