@@ -125,7 +125,9 @@ def headline() -> str:
             if run != run_name and margin is not None and gap < -margin:  # no win: below the accuracy margin
                 ratio = f"{ratio.strip('*')} at {gap:+.2f} pp, beyond the {margin:g} pp margin"
             elif run != run_name and caveat:
-                ratio = f"{ratio.strip('*')} at {gap:+.2f} pp; {caveat}"
+                ratio = f"{ratio.strip('*')} at {gap:+.2f} pp"
+            if run != run_name and caveat:
+                ratio += f"; {caveat}"
             lines.append(f"| {label if run == run_name else run.replace('static amp', 'static AMP')} | {epochs} | "
                          f"{m['efficiency']['n']} | {fmt(m['efficiency'], 1)} | "
                          f"{fmt(m['val_acc'], 2)} | {m['epoch_time_last5_s']['mean']:.3f} | "

@@ -341,6 +341,10 @@ def resumed(path: str, res: dict, plan: list) -> list:
         sys.exit(f"--resume {path}: cannot read it ({type(e).__name__}: {e})")
     here = env()
     old.setdefault("isolation", "one process, after a warm-up run")  # files from before --process-per-run
+    if "static_optim" not in old:  # files from before static took the space's optimizer: a 2-epoch warm-up
+        before = copy.deepcopy(res["static_optim"])
+        before["warmup_epochs"] = 2.0
+        old["static_optim"] = before
     for key, mine in (("epochs", res["epochs"]), ("space", res["space"]), ("provenance", res.get("provenance")),
                       ("isolation", res["isolation"]), ("static_optim", res["static_optim"])):
         if old.get(key) != mine:

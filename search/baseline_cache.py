@@ -228,35 +228,54 @@ def user_code(cfg) -> dict:
     return out
 
 
-MAX_DATA_FILES = 2_000_000  # a data folder of more files gets no fingerprint: its baseline is never reused
+# a data folder beyond these gets no fingerprint (said in one line): its baselines are never reused
+MAX_DATA_FILES = 500_000
+MAX_DATA_WALK_S = 20.0
+# torchvision's CIFAR folders under data_dir: the files a run reads, not the rest of a shared data root
+CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
 
 
 @functools.lru_cache(maxsize=32)
 def _files_fingerprint(path: str) -> str | None:
-    """A hash of every file under ``path`` (or of the file itself): its path below ``path``, size and
-    modification time, so that an added, removed, replaced or edited file changes it. None where it cannot
-    be read whole. Cached: a search's baselines share their data, and a walk of CIFAR-10's 60 000 JPEGs
-    takes a second; ``run_baselines`` clears it, so each search reads the files as they are then."""
+    """A hash of every file under ``path`` (or of the file itself), linked folders followed as the image
+    loader follows them: each file's path below ``path``, size and modification time, so that an added,
+    removed, replaced or edited file changes it. None where it cannot be read whole or is beyond
+    MAX_DATA_FILES / MAX_DATA_WALK_S. Cached: a search's baselines share their data, and a walk of CIFAR-10's
+    60 000 JPEGs takes a second; ``run_baselines`` clears it, so each search reads the files as they are then."""
     import os
+    import time
 
     root = Path(path)
-    h, n = hashlib.sha256(), 0
+    h, n, t0, seen = hashlib.sha256(), 0, time.monotonic(), set()
     try:
         if root.is_file():
             st = root.stat()
             h.update(f"{root.name}|{st.st_size}|{st.st_mtime_ns}\n".encode())
             return h.hexdigest()
-        for d, dirs, files in os.walk(root, onerror=_raise):
+        for d, dirs, files in os.walk(root, onerror=_raise, followlinks=True):
+            real = os.path.realpath(d)
+            if real in seen:  # a link back up the tree: walked once
+                dirs[:] = []
+                continue
+            seen.add(real)
             dirs.sort()
             for f in sorted(files):
                 n += 1
-                if n > MAX_DATA_FILES:
-                    return None
-                st = os.stat(os.path.join(d, f))
-                h.update(f"{os.path.relpath(os.path.join(d, f), root)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+                if n > MAX_DATA_FILES or (n % 4096 == 0 and time.monotonic() - t0 > MAX_DATA_WALK_S):
+                    raise OSError("too many files")
+                full = os.path.join(d, f)
+                try:
+                    st = os.stat(full)
+                except FileNotFoundError:  # a dangling link: no data, but part of the folder as it is
+                    st = os.lstat(full)
+                h.update(f"{os.path.relpath(full, root)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
     except OSError:
-        return None
-    return h.hexdigest()
+        pass
+    else:
+        return h.hexdigest()
+    print(f"baselines: {path} cannot be read whole within {MAX_DATA_FILES} files and {MAX_DATA_WALK_S:g} s: "
+          f"its baselines are measured, never reused", flush=True)
+    return None
 
 
 def clear_file_fingerprints() -> None:
@@ -267,13 +286,27 @@ def _raise(e: OSError):
     raise e
 
 
-def _named_paths(value) -> list[str]:
+def _existing(value: str) -> Path | None:
+    """The resolved file or folder a string names, or None: no such path, not a path at all (a NUL, too
+    long, ``~user`` of no user), or a folder too broad to be data (the file system's root, the home or
+    working folder or one above them, which hold the search's own store)."""
+    try:
+        p = Path(value).expanduser().resolve()
+        if not value or not p.exists():
+            return None
+        broad = {Path("/").resolve(), Path.home().resolve(), Path.cwd().resolve()}
+    except (OSError, ValueError, RuntimeError):
+        return None
+    if p.is_dir() and any(p == b or p in b.parents for b in broad):
+        return None
+    return p
+
+
+def _named_paths(value) -> list[Path]:
     """The existing files and folders a config value names: a string, or the strings in a list or dict."""
     if isinstance(value, str):
-        try:
-            return [value] if value and Path(value).expanduser().exists() else []
-        except (OSError, ValueError):  # a name too long for a path, a NUL in it: no file
-            return []
+        p = _existing(value)
+        return [p] if p is not None else []
     if isinstance(value, dict):
         return [p for v in value.values() for p in _named_paths(v)]
     if isinstance(value, (list, tuple)):
@@ -282,20 +315,25 @@ def _named_paths(value) -> list[str]:
 
 
 def data_files(cfg) -> dict:
-    """A fingerprint of the data on disk that a run reads: ``data.data_dir`` and every existing path the
-    model's and data's ``init_args`` name (a user's factory reading its own files). Keyed by the setting that
-    names it; a folder that cannot be read whole gets a fresh token, so its baseline is never reused."""
+    """A fingerprint of the data on disk that a run reads: ``data.data_dir`` (for CIFAR, its torchvision
+    folder) and every existing path the model's and data's ``init_args`` name (a user's factory reading its
+    own files). Keyed by the setting that names it; a folder that cannot be read whole gets a fresh token,
+    said in one line, so its baseline is never reused."""
     import uuid
 
-    d = cfg.data.data_dir if cfg.data.class_path is None else None  # a factory reads no data_dir
-    named = {"data.data_dir": [d] if d and Path(d).expanduser().exists() else []}
+    named = {}
+    if cfg.data.class_path is None and cfg.data.data_dir:  # a factory reads no data_dir
+        d = cfg.data.data_dir
+        if cfg.data.name in CIFAR_FOLDERS:
+            d = str(Path(d).expanduser() / CIFAR_FOLDERS[cfg.data.name])
+        named["data.data_dir"] = _named_paths(d)
     for section in ("model", "data"):
         for key, value in (getattr(cfg, section).init_args or {}).items():
             named[f"{section}.init_args.{key}"] = _named_paths(value)
     out = {}
     for setting, paths in named.items():
         for i, p in enumerate(paths):
-            fp = _files_fingerprint(str(Path(p).expanduser().resolve()))
+            fp = _files_fingerprint(str(p))
             out[setting + (f"[{i}]" if len(paths) > 1 else "")] = fp if fp is not None else f"unread-{uuid.uuid4()}"
     return out
 

@@ -140,6 +140,21 @@ def test_reuse_key_follows_the_data_files_a_run_reads(tmp_path):
     weights.write_bytes(b"22")
     assert files() != before
     assert baseline_cache.data_files(small_cfg()) == {}  # digits ships with the install: no files named
+    # a linked class folder is read as the image loader reads it; a dangling link is part of the folder
+    dog = tmp_path / "elsewhere" / "dog"
+    dog.mkdir(parents=True)
+    (tmp_path / "imgs" / "train" / "dog").symlink_to(dog)
+    (tmp_path / "imgs" / "train" / "gone").symlink_to(tmp_path / "nowhere")
+    linked = key()
+    assert "unread" not in json.dumps(baseline_cache.data_files(small_cfg(**{
+        "data.name": "imagefolder", "data.data_dir": str(tmp_path / "imgs")})))
+    (dog / "d.png").write_bytes(b"w")
+    assert key() != linked
+    # strings that name no data: not a path (~ of no user), or a folder too broad to be data (the working
+    # folder, which holds the search's own store, its parents, the home folder): left out, nothing walked
+    many = {"model.class_path": "torch.nn:Linear", "model.init_args.a": "~no_such_user_x/cifar",
+            "model.init_args.b": ".", "model.init_args.c": "/", "model.init_args.d": "~"}
+    assert baseline_cache.data_files(small_cfg(**many)) == {}
 
 
 def _runs(uri, name, role="baseline"):
