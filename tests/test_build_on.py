@@ -206,6 +206,56 @@ def test_a_second_search_reuses_the_baseline_and_fresh_trains_it(tmp_store, caps
     assert b5.data.tags[REUSED_FROM] == b1.info.run_id, (b5.data.tags[REUSED_SEARCH], b4.info.run_id)
 
 
+SAVED_DATA = """
+import torch
+from torch.utils.data import TensorDataset
+
+
+def saved(path):  # the user's data, from a file named beside the space
+    x, y = torch.load(path)
+    cut = len(y) * 4 // 5
+    return {"train": TensorDataset(x[:cut], y[:cut]), "test": TensorDataset(x[cut:], y[cut:])}
+"""
+
+
+@pytest.mark.slow
+def test_a_search_after_its_data_file_changed_measures_the_baseline_again(tmp_store, tmp_path, monkeypatch, capsys):
+    """Each search reads the data files as they are when its baselines start, also where one process runs
+    several (the Python API in a notebook): the baseline is reused while the file the data factory reads is
+    unchanged, and measured again once it changed."""
+    import torch
+
+    from triaccel.data import digits_arrays
+    from triaccel.search.alone import run_baselines
+    from triaccel.search.baseline_cache import REUSED_FROM
+    from triaccel.search.space import parse_space
+
+    (tmp_path / "bopkg").mkdir()
+    (tmp_path / "bopkg" / "__init__.py").write_text("")
+    (tmp_path / "bopkg" / "data.py").write_text(SAVED_DATA)
+    monkeypatch.chdir(tmp_path)
+    x, y = digits_arrays()
+
+    def save(n):
+        torch.save((torch.tensor(x[:n], dtype=torch.float32).unsqueeze(1) / 16, torch.tensor(y[:n])), "d.pt")
+
+    save(500)
+    space = copy.deepcopy(SPACE)
+    space["train"]["data"] = {"class_path": "bopkg.data.saved", "init_args": {"path": "d.pt"}, "val_fraction": 0.15}
+    space = parse_space(space)
+
+    def measured(name):  # whether the search trained its baseline (not reused)
+        run_baselines(name, space, tmp_store, 1)
+        _, (b,) = _runs(tmp_store, name)
+        return REUSED_FROM not in b.data.tags
+
+    assert measured("d1")
+    assert not measured("d2")  # the same file: reused
+    save(600)  # the user's data grew
+    assert measured("d3")
+    assert not measured("d4")
+
+
 def test_a_reused_baseline_costs_the_search_no_device_time():
     from triaccel.search.results import gpu_seconds
 
