@@ -122,12 +122,10 @@ def headline() -> str:
         for run, m in sorted(rows, key=lambda r: r[0] != run_name):
             ratio = "–" if run == run_name else f"**{ours['efficiency']['mean'] / m['efficiency']['mean']:.3f}×**"
             gap = ours["val_acc"]["mean"] - m["val_acc"]["mean"]
-            if run != run_name and margin is not None and gap < -margin:  # no win: below the accuracy margin
-                ratio = f"{ratio.strip('*')} at {gap:+.2f} pp, beyond the {margin:g} pp margin"
-            elif run != run_name and caveat:
-                ratio = f"{ratio.strip('*')} at {gap:+.2f} pp"
-            if run != run_name and caveat:
-                ratio += f"; {caveat}"
+            beyond = margin is not None and gap < -margin  # no win: below the accuracy margin
+            if run != run_name and (beyond or caveat):
+                ratio = (f"{ratio.strip('*')} at {gap:+.2f} pp" + (f", beyond the {margin:g} pp margin" if beyond else "")
+                         + (f"; {caveat}" if caveat else ""))
             lines.append(f"| {label if run == run_name else run.replace('static amp', 'static AMP')} | {epochs} | "
                          f"{m['efficiency']['n']} | {fmt(m['efficiency'], 1)} | "
                          f"{fmt(m['val_acc'], 2)} | {m['epoch_time_last5_s']['mean']:.3f} | "

@@ -451,7 +451,7 @@ def main():
     static_cfg = static_runs(space, args.epochs)
     # the static runs' optimizer, schedule included: a --resume of a file whose static runs trained another
     # one is refused, and an export whose optimizer differs is named, since the accuracy gap then includes it
-    res["static_optim"] = resolved_optim(static_cfg("bf16:1")[1])
+    res["static_optim"] = resolved_optim(space["train"])
     exported_optim = resolved_optim(tuned)
     differ = sorted(k for k in res["static_optim"] if res["static_optim"][k] != exported_optim[k])
     if differ:

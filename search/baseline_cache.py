@@ -290,9 +290,11 @@ def _existing(value: str) -> Path | None:
     """The resolved file or folder a string names, or None: no such path, not a path at all (a NUL, too
     long, ``~user`` of no user), or a folder too broad to be data (the file system's root, the home or
     working folder or one above them, which hold the search's own store)."""
+    if not value:
+        return None
     try:
         p = Path(value).expanduser().resolve()
-        if not value or not p.exists():
+        if not p.exists():
             return None
         broad = {Path("/").resolve(), Path.home().resolve(), Path.cwd().resolve()}
     except (OSError, ValueError, RuntimeError):

@@ -89,7 +89,7 @@ def print_summary(name: str, space, uri: str, o, j):
     print(phases.words(phases.read(*open_store(uri), name)))
     browse = uri if uri.startswith(("http://", "https://")) else "triaccel ui"  # a server: its own UI
     print(f"export the best: {again('export', name, '--out tuned.yaml')}    browse: {browse}")
-    if j is not None:  # a verdict holds at its own length (the GPT export: 2.6x at 8 epochs, -0.59 pp at 16)
+    if j is not None:  # a verdict holds at its own length only
         print(f"judged at {j.epochs} epochs: to train another length N, "
               f"`{again('resume', name, '--production-epochs N')}` judges it there first")
     return p
