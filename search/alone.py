@@ -168,6 +168,8 @@ def run_baselines(name: str, space: SearchSpace, uri: str, shared: int, fresh: b
         s = m if m is not None else run_alone(name, uri, cfg, tags, label, callbacks=(stop,) if stop else ())
         if s is None:
             continue
+        if m is None:
+            baseline_cache.rekey(c, s["run_id"], cfg, tags[baseline_cache.KEY_TAG])
         if stop is not None and stop.why:
             c.set_tag(s["run_id"], TAG_DOMINATED, stop.why)
             print(f"baseline {label}: stopped after epoch {DOMINATED_AFTER_EPOCHS} (eff {s['efficiency']:.2f}): "

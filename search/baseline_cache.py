@@ -350,6 +350,16 @@ def reuse_key(cfg) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
+def rekey(c, run_id: str, cfg, key: str) -> None:
+    """Key a baseline trained here by the data as it is after its run, where that differs from ``key``
+    (computed before it): the run fetched data that was not there yet (``download: true``, a factory
+    writing its cache), and read what is there now, which is what the next search's key sees."""
+    clear_file_fingerprints()
+    after = reuse_key(cfg)
+    if after != key:
+        c.set_tag(run_id, KEY_TAG, after)
+
+
 def find_source(c, exp: str, key: str, search: str, epochs: int) -> dict | None:
     """The most efficient finished, complete baseline run of ``key`` in another search, as a plain row (the
     newest of equals). Another search's trials on the same machine or cluster only slow a baseline or grow its

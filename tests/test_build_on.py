@@ -215,6 +215,15 @@ def saved(path):  # the user's data, from a file named beside the space
     x, y = torch.load(path)
     cut = len(y) * 4 // 5
     return {"train": TensorDataset(x[:cut], y[:cut]), "test": TensorDataset(x[cut:], y[cut:])}
+
+
+def fetched(source, root):  # the user's data, fetched into root on first use (as a download is)
+    import os, shutil
+
+    os.makedirs(root, exist_ok=True)
+    if not os.path.exists(os.path.join(root, "d.pt")):
+        shutil.copyfile(source, os.path.join(root, "d.pt"))
+    return saved(os.path.join(root, "d.pt"))
 """
 
 
@@ -222,7 +231,8 @@ def saved(path):  # the user's data, from a file named beside the space
 def test_a_search_after_its_data_file_changed_measures_the_baseline_again(tmp_store, tmp_path, monkeypatch, capsys):
     """Each search reads the data files as they are when its baselines start, also where one process runs
     several (the Python API in a notebook): the baseline is reused while the file the data factory reads is
-    unchanged, and measured again once it changed."""
+    unchanged, and measured again once it changed. Data that the first run fetched (a download, a factory
+    writing its cache) keys that run as it is after it: the next search reuses it."""
     import torch
 
     from triaccel.data import digits_arrays
@@ -254,6 +264,12 @@ def test_a_search_after_its_data_file_changed_measures_the_baseline_again(tmp_st
     save(600)  # the user's data grew
     assert measured("d3")
     assert not measured("d4")
+    fetch = copy.deepcopy(space.raw)  # its folder is made and filled by the first run
+    fetch["train"]["data"]["class_path"] = "bopkg.data.fetched"
+    fetch["train"]["data"]["init_args"] = {"source": "d.pt", "root": "fetched"}
+    space = parse_space(fetch)
+    assert measured("f1") and (tmp_path / "fetched" / "d.pt").is_file()
+    assert not measured("f2")  # keyed by the data the first run left, not by the empty place it started from
 
 
 def test_a_reused_baseline_costs_the_search_no_device_time():
