@@ -164,12 +164,13 @@ def run_baselines(name: str, space: SearchSpace, uri: str, shared: int, fresh: b
                 "triaccel.values": json.dumps({"mode": "amp", "amp_dtype": d["amp_dtype"], "batch_size": d["batch_size"],
                                                "capture": d["capture"], "compile": d["compile"]})}
         m = baseline_cache.reuse(c, exp, name, label, cfg, tags, space.epochs) if not fresh else None
+        named = baseline_cache.named_paths(cfg)
         stop = StopDominated(*best) if space.stop_dominated and best is not None and m is None else None
         s = m if m is not None else run_alone(name, uri, cfg, tags, label, callbacks=(stop,) if stop else ())
         if s is None:
             continue
         if m is None:
-            baseline_cache.rekey(c, s["run_id"], cfg, tags[baseline_cache.KEY_TAG])
+            baseline_cache.rekey(c, s["run_id"], cfg, tags[baseline_cache.KEY_TAG], named)
         if stop is not None and stop.why:
             c.set_tag(s["run_id"], TAG_DOMINATED, stop.why)
             print(f"baseline {label}: stopped after epoch {DOMINATED_AFTER_EPOCHS} (eff {s['efficiency']:.2f}): "

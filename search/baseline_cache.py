@@ -316,15 +316,11 @@ def _named_paths(value) -> list[Path]:
     return []
 
 
-def data_files(cfg) -> dict:
-    """A fingerprint of the data on disk that a run reads: ``data.data_dir`` (for CIFAR, its torchvision
-    folder) and every existing path the model's and data's ``init_args`` name (a user's factory reading its
-    own files). Keyed by the setting that names it; a folder that cannot be read whole gets a fresh token,
-    said in one line, so its baseline is never reused."""
-    import uuid
-
+def named_paths(cfg) -> dict:
+    """The existing files and folders a run's settings name, by setting: ``data.data_dir`` (for CIFAR, its
+    torchvision folder; a factory reads no data_dir) and the paths in the model's and data's ``init_args``."""
     named = {}
-    if cfg.data.class_path is None and cfg.data.data_dir:  # a factory reads no data_dir
+    if cfg.data.class_path is None and cfg.data.data_dir:
         d = cfg.data.data_dir
         if cfg.data.name in CIFAR_FOLDERS:
             d = str(Path(d).expanduser() / CIFAR_FOLDERS[cfg.data.name])
@@ -332,8 +328,18 @@ def data_files(cfg) -> dict:
     for section in ("model", "data"):
         for key, value in (getattr(cfg, section).init_args or {}).items():
             named[f"{section}.init_args.{key}"] = _named_paths(value)
+    return named
+
+
+def data_files(cfg) -> dict:
+    """A fingerprint of the data on disk that a run reads: ``data.data_dir`` (for CIFAR, its torchvision
+    folder) and every existing path the model's and data's ``init_args`` name (a user's factory reading its
+    own files). Keyed by the setting that names it; a folder that cannot be read whole gets a fresh token,
+    said in one line, so its baseline is never reused."""
+    import uuid
+
     out = {}
-    for setting, paths in named.items():
+    for setting, paths in named_paths(cfg).items():
         for i, p in enumerate(paths):
             fp = _files_fingerprint(str(p))
             out[setting + (f"[{i}]" if len(paths) > 1 else "")] = fp if fp is not None else f"unread-{uuid.uuid4()}"
@@ -350,10 +356,13 @@ def reuse_key(cfg) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def rekey(c, run_id: str, cfg, key: str) -> None:
-    """Key a baseline trained here by the data as it is after its run, where that differs from ``key``
-    (computed before it): the run fetched data that was not there yet (``download: true``, a factory
-    writing its cache), and read what is there now, which is what the next search's key sees."""
+def rekey(c, run_id: str, cfg, key: str, named_before: dict) -> None:
+    """Key a baseline trained here by the data as its run left it, where the run made a path its settings
+    name (``named_before``: ``named_paths`` before it ran): it fetched its data (``download: true``, a
+    factory making its folder), read what is there now, and ``key`` saw none of it. The next search's key
+    sees it. Otherwise nothing is read again (a walk of a large folder takes seconds)."""
+    if named_paths(cfg) == named_before:
+        return
     clear_file_fingerprints()
     after = reuse_key(cfg)
     if after != key:
