@@ -99,7 +99,9 @@ STATE_KINDS = {"space": dict, "source": str, "sha256": str, "tracking_uri": str,
 
 def read_state(name: str) -> dict:
     p = tune_root() / name / STATE_FILE
-    if not p.is_file():
+    # a name no search can have is none of theirs, even where it leads to one's folder ('s1/', 's1/.'): it would
+    # be logged to MLflow as a search of its own, and reopen (and end) that search's runs
+    if not p.is_file() or not (name and name.replace("-", "").replace("_", "").isalnum()):
         known = ", ".join(list_names()) or "none"
         raise ConfigError(f"no search named '{name}' under {tune_root()} (known: {known})")
     try:

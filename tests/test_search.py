@@ -307,6 +307,9 @@ def test_listing_and_name_collision_lose_nothing(searched):
     assert len(after) == len(before)
     r = cli("export", "nope", "--out", "x.yaml", cwd=d)
     assert r.returncode == 2 and "no search named 'nope'" in r.stderr
+    # a name that leads to t1's folder (a tab-completed 't1/') is not t1: it reopened t1's parent run as RUNNING
+    r = cli("resume", "t1/", cwd=d)
+    assert r.returncode == 2 and "no search named 't1/'" in r.stderr and "(known: " in r.stderr, r.stderr[-2000:]
     r = cli("resume", "t1", "--confirm", "-1", cwd=d)  # refused before Ray starts; nothing touched
     assert r.returncode == 2 and "--confirm" in r.stderr and "Traceback" not in r.stderr
     _, after = trial_runs(d, "t1")
