@@ -375,6 +375,72 @@ def test_a_model_that_cannot_train_on_the_data_is_one_line_before_its_first_step
     assert "\n" not in str(e.value)
 
 
+class TrainingOnly(nn.Module):
+    """A linear model whose training forward differs from its eval forward, which the check before the first
+    step runs: ``out`` picks how."""
+
+    def __init__(self, num_classes, in_channels, image_size, out="tuple"):
+        super().__init__()
+        self.fc, self.out = nn.Linear(in_channels * image_size ** 2, num_classes), out
+        self.unused = nn.Parameter(torch.zeros(3))  # something to train, for the check before the first step
+        if out == "frozen":
+            self.fc.requires_grad_(False)
+
+    def forward(self, x):
+        y = self.fc(x.flatten(1))
+        if not self.training:
+            return y
+        return {"tuple": (y, y), "detached": y.detach(), "frozen": y}[self.out]
+
+
+@pytest.mark.parametrize("model,out,said", [
+    (TrainingOnly, "tuple", "'s forward returned a tuple in training mode, not a tensor of logits: return the logits"),
+    (TrainingOnly, "detached", "'s output reaches no parameter that requires a gradient (a detach() in the forward"),
+    (TrainingOnly, "frozen", "'s output reaches no parameter that requires a gradient"),
+    ("torchvision/googlenet", None, "model.name: torchvision/googlenet's forward returned a GoogLeNetOutputs in "
+                                    "training mode"),  # its auxiliary logits
+])
+def test_a_model_that_cannot_train_only_in_training_mode_is_one_line_at_its_first_step(model, out, said):
+    """These ended `triaccel train` at the first step in a traceback from the loss or from torch's backward."""
+    from triaccel.api import train
+    from triaccel.errors import ConfigError
+
+    cfg = {"mode": "fp32", "epochs": 1, "batch_size": 32, "device": "cpu", "tracking": {"enabled": False}}
+    if isinstance(model, str):
+        x = torch.rand(64, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+        cfg["model"] = {"name": model}
+        kw = {"data": lambda: {"train": TensorDataset(x, torch.arange(64) % 4)}}
+    else:
+        cfg["model"] = {"init_args": {"out": out}}
+        kw = {"model": model, "data": tiny_data}
+    with pytest.raises(ConfigError) as e:
+        train(cfg, **kw)
+    assert said in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert str(e.value).startswith("model.class_path: " if out else "model.name: "), str(e.value)
+
+
+def exits(**kw):
+    sys.exit(0)
+
+
+def raises_base(**kw):
+    raise BaseException("weird")
+
+
+@pytest.mark.parametrize("factory,said", [(exits, "raised SystemExit: 0: a factory returns its object, not exit"),
+                                          (raises_base, "raised BaseException: weird")])
+def test_a_factory_that_exits_or_raises_a_base_exception_is_one_line(factory, said):
+    """A model factory's sys.exit(0) ended `triaccel train` with exit 0 and no output, as if it had trained; a
+    BaseException was a traceback."""
+    from triaccel.api import train
+    from triaccel.errors import ConfigError
+
+    cfg = {"mode": "fp32", "epochs": 1, "batch_size": 32, "device": "cpu", "tracking": {"enabled": False}}
+    with pytest.raises(ConfigError) as e:
+        train(cfg, model=factory, data=tiny_data)
+    assert str(e.value).startswith("model.class_path: ") and said in str(e.value), str(e.value)
+
+
 @pytest.mark.parametrize("n", [5, 10])
 def test_a_user_dataset_too_small_to_carve_a_validation_split_is_one_line(n):
     from triaccel.config import DataConfig

@@ -45,7 +45,8 @@ from triaccel.data import ElasticSampler, ResidentData, load_splits
 from triaccel.device import check_triton_device, cublas_workspace, cudnn_benchmark_for, resolve_device, seed_everything
 from triaccel.errors import TriAccelError, check_stop, stop_done
 from triaccel.hooks import Callback, Decisions, StepInfo  # noqa: F401 (names of this module)
-from triaccel.userdef import TensorData, check_model_takes, check_user_forward, load_user_splits
+from triaccel.userdef import (TensorData, check_loss_reaches_parameters, check_model_takes, check_user_forward,
+                              load_user_splits, training_logits)
 from triaccel.measure import MemoryMeter, free_device, sync
 from triaccel.metrics import correct_count, efficiency_score, example_loss_sum, run_peak, steady_epoch_time
 from triaccel.units import mem_text
@@ -505,8 +506,9 @@ class Trainer:
 
         def body(x, y, n_):  # one micro-batch; ``n_`` is the window's size (a device scalar when captured)
             with self.meter.track_forward(), self.autocast():
-                out = forward(x)
+                out = training_logits(forward(x), self.cfg.model)
                 loss = example_loss_sum(out.float(), y)
+            check_loss_reaches_parameters(loss, self.cfg.model)
             scaled = loss / n_  # the window's real example count: exact accumulation
             (self.scaler.scale(scaled) if use_scaler else scaled).backward()
             return loss.detach()

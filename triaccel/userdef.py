@@ -310,6 +310,28 @@ def build_user_model(mc, info: dict) -> torch.nn.Module:
     return model
 
 
+def _model_said(mc) -> str:
+    return f"model.class_path: {mc.class_path}" if mc.class_path else f"model.name: {mc.name}"
+
+
+def training_logits(out: Any, mc) -> torch.Tensor:
+    """A training forward's output, where it is the logits tensor: what ``check_user_forward`` (eval mode) cannot
+    see, a model that returns more in training mode (torchvision's googlenet: its auxiliary logits), is said
+    in one line naming the model's key, not as a traceback from the loss."""
+    if not isinstance(out, torch.Tensor):
+        raise ConfigError(f"{_model_said(mc)}'s forward returned a {type(out).__name__} in training mode, not a "
+                          f"tensor of logits: return the logits (a small wrapper module can pick them out)")
+    return out
+
+
+def check_loss_reaches_parameters(loss: torch.Tensor, mc) -> None:
+    """A loss no trainable parameter reaches (a ``detach()`` in the forward, the layers it uses frozen) has
+    nothing to backpropagate: said in one line naming the model's key, not torch's backward error."""
+    if not loss.requires_grad:
+        raise ConfigError(f"{_model_said(mc)}'s output reaches no parameter that requires a gradient (a detach() "
+                          f"in the forward, or the layers it uses frozen): nothing would train")
+
+
 def check_user_forward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, ref: str,
                        failure_is_final: bool = True, half: torch.dtype | None = None, mode: str = "amp") -> None:
     """The user's model (``ref``, model.class_path) on two training examples, without gradients and in eval
