@@ -206,6 +206,18 @@ def test_non_finite_numbers_are_refused_naming_the_key(capsys, setting, key):
         load_config(None, [setting])
 
 
+@pytest.mark.parametrize("sets,match", [
+    # an unset shell variable (`--set model.class_path=$REF`) trained the shipped small_cnn instead of the user's
+    (["model.class_path="], "--set model.class_path=: no value (write model.class_path=null to set it to null)"),
+    (["data.class_path= "], "--set data.class_path=: no value"),
+    # the factory reads its own data: a dataset name beside it was ignored
+    (["data.class_path=triaccel.zoo.text.char_corpus", "data.name=cifar10"],
+     "data.name: is for the built-in datasets; data.class_path's factory reads its own data"),
+])
+def test_a_setting_that_would_be_ignored_or_emptied_is_one_line(capsys, sets, match):
+    _one_line(capsys, ["train", "--config", QUICK, *FAST, *[a for k in sets for a in ("--set", k)]], match)
+
+
 def _deleted_experiment(uri, name):
     from mlflow.tracking import MlflowClient
 

@@ -122,7 +122,8 @@ class DataConfig:
         another dataset. Checked where a config is written by hand (``load_config``, a new search's
         space), not in a saved search's space, which is read as it was accepted."""
         if self.class_path is not None:  # the factory reads its own data, as it is, with no augmentation
-            for key, unused in (("data_dir", self.data_dir is not None), ("download", self.download),
+            for key, unused in (("name", self.name != DataConfig.name), ("data_dir", self.data_dir is not None),
+                                ("download", self.download),
                                 ("image_size", self.image_size is not None), ("cache_dir", self.cache_dir is not None)):
                 _check(not unused, f"data.{key}", f"is for the built-in datasets; data.class_path's factory reads "
                                                   f"its own data (pass what it needs in data.init_args)")

@@ -163,6 +163,8 @@ def parse_overrides(items: list[str]) -> list[tuple[str, Any]]:
         k, v = item.split("=", 1)
         if not all(part.strip() for part in k.split(".")):  # `--set =5`, `--set .epochs=1`: an empty key part
             raise ConfigError(f"--set {item}: expected key=value with a dotted key such as optim.lr=0.1")
+        if not v.strip():  # an unset shell variable (`--set model.class_path=$REF`): not a silent null
+            raise ConfigError(f"--set {k.strip()}=: no value (write {k.strip()}=null to set it to null)")
         try:
             value = yaml.safe_load(v)
         except yaml.YAMLError:

@@ -189,6 +189,12 @@ def call(fn: Callable, kwargs: dict, key: str, ref: str) -> Any:
         return fn(**kwargs)
     except Exception as e:  # noqa: BLE001 -- the user's factory failed: its type and message, one line
         raise ConfigError(f"{key}: {ref}(...) raised {said(e)}") from None
+    except (SystemExit, GeneratorExit) as e:  # its sys.exit(0) would end the run as a success, having trained nothing
+        raise ConfigError(f"{key}: {ref}(...) raised {said(e)}: a factory returns its object, not exit") from None
+    except KeyboardInterrupt:  # Ctrl-C: the run's stop, as anywhere else
+        raise
+    except BaseException as e:  # noqa: BLE001 -- any other BaseException of the user's: one line, not a traceback
+        raise ConfigError(f"{key}: {ref}(...) raised {said(e)}") from None
 
 
 # --------------------------------------------------------------------------- before a search
