@@ -512,6 +512,20 @@ def test_torchvision_model_by_name_follows_the_data():
     assert m(torch.randn(2, 1, 8, 8)).shape == (2, 7)  # the head follows num_classes
 
 
+def test_a_hub_model_the_datas_images_are_too_small_for_is_one_line_before_it_trains():
+    """torchvision's googlenet on 8x8 digits: its pooling's "Output size is too small" was a traceback from the
+    first step; now the check a user's model gets, naming model.name."""
+    from triaccel.api import train
+    from triaccel.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        train({"epochs": 1, "batch_size": 32, "device": "cpu", "mode": "fp32", "tracking": {"enabled": False},
+               "model": {"name": "torchvision/googlenet"}}, data=lambda: tiny_data(100, tensors=True))
+    assert str(e.value).startswith("model.name: torchvision/googlenet's forward failed on a batch of the data "
+                                   "(inputs (2, 1, 8, 8) float32): RuntimeError: ") and "\n" not in str(e.value), \
+        str(e.value)
+
+
 def test_timm_model_by_name():
     timm = pytest.importorskip("timm")
     from triaccel.config import ModelConfig

@@ -152,10 +152,10 @@ class Trainer:
         check_model_takes(cfg.model, sp)
         self.model = build_model(cfg.model, sp.num_classes, sp.in_channels, sp.image_size,
                                  meta=sp.meta if self.user_data else None).to(self.device)
-        if cfg.model.class_path is not None:  # the user's own model: its output checked before it trains
+        if cfg.model.class_path is not None or "/" in cfg.model.name:  # the user's or a hub's: checked before it trains
             x, y = self.train_data.batch(torch.arange(min(2, len(self.train_data))), train=False)
-            check_user_forward(self.model, x, y, sp.num_classes, cfg.model.class_path, half=first_half(cfg, self.device),
-                               mode=cfg.mode)
+            check_user_forward(self.model, x, y, sp.num_classes, cfg.model.label(), half=first_half(cfg, self.device),
+                               mode=cfg.mode, key="model.class_path" if cfg.model.class_path else "model.name")
         self.channels_last = cfg.channels_last
         if self.channels_last is None:  # auto: NHWC for conv models on CUDA (NCHW batch-norm kernels are slow there)
             self.channels_last = self.device.type == "cuda" and any(

@@ -333,15 +333,16 @@ def check_loss_reaches_parameters(loss: torch.Tensor, mc) -> None:
 
 
 def check_user_forward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, ref: str,
-                       failure_is_final: bool = True, half: torch.dtype | None = None, mode: str = "amp") -> None:
+                       failure_is_final: bool = True, half: torch.dtype | None = None, mode: str = "amp",
+                       key: str = "model.class_path") -> None:
     """The user's model (``ref``, model.class_path) on two training examples, without gradients and in eval
     mode, before anything trains: a model with nothing to train, a forward that fails on the data, or one
     that returns something other than the logits is said in one line naming the key, not as a traceback
     from the first training step. ``failure_is_final=False`` (a search's driver, checking on its CPU for
     runs on another device) lets a forward that raises pass: the run checks it again on its own device,
     where a model written for CUDA alone can run. ``half``: the 16-bit type the run's ``mode`` autocasts to,
-    where the forward runs a second time (oneDNN's LSTM has no bf16 kernel on a CPU)."""
-    key = "model.class_path"
+    where the forward runs a second time (oneDNN's LSTM has no bf16 kernel on a CPU). ``key``: model.name for a
+    torchvision or timm model named SOURCE/NAME, which the data may not fit (too small an image for its pooling)."""
     if not any(p.requires_grad for p in model.parameters()):
         raise ConfigError(f"{key}: {ref} has no parameter to train")
     was = model.training

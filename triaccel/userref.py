@@ -226,7 +226,8 @@ def check_references(train: dict) -> None:
         info = (sp.num_classes, sp.in_channels, sp.image_size, None)
     check_model_takes(cfg.model, sp)
     model = build_model(cfg.model, *info[:3], meta=info[3])
-    if cfg.model.class_path is not None:  # its output too: a search must not take its name for a model that cannot train
+    if cfg.model.class_path is not None or "/" in cfg.model.name:  # its output too: a search must not take its name
+        # for a model that cannot train (a hub model's pooling the data's images are too small for)
         import torch
 
         from triaccel.precision import first_half
@@ -235,8 +236,9 @@ def check_references(train: dict) -> None:
         # final only where the runs train on this CPU too; another device's failures and autocast are the run's check
         on_cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
         x, y = first_examples(sp)
-        check_user_forward(model, x, y, info[0], cfg.model.class_path, failure_is_final=on_cpu,
-                           half=first_half(cfg, torch.device("cpu")) if on_cpu else None, mode=cfg.mode)
+        check_user_forward(model, x, y, info[0], cfg.model.label(), failure_is_final=on_cpu,
+                           half=first_half(cfg, torch.device("cpu")) if on_cpu else None, mode=cfg.mode,
+                           key="model.class_path" if cfg.model.class_path else "model.name")
 
 
 SHIP_EXCLUDES = ["__pycache__", "*.pyc", ".git", "mlruns", ".ipynb_checkpoints"]
