@@ -45,6 +45,19 @@ def returns_a_tuple(num_classes, in_channels, image_size):
     return _Pair(mlp(num_classes, in_channels, image_size))
 
 
+class _Detached(nn.Module):  # trains nothing: its output is cut from the graph
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x).detach()
+
+
+def detached(num_classes, in_channels, image_size):
+    return _Detached(mlp(num_classes, in_channels, image_size))
+
+
 class _FailsLater(nn.Module):
     def __init__(self, inner):
         super().__init__()
@@ -195,6 +208,9 @@ BAD = {
     # a model that builds but cannot train on the data: the search takes no name for it
     "forward returns a tuple": ({"model": {"class_path": "ucpkg.models.returns_a_tuple", "init_args": {}}},
                                 "model.class_path: ucpkg.models.returns_a_tuple's forward returned a tuple, not a tensor"),
+    "output with no gradient": ({"model": {"class_path": "ucpkg.models.detached", "init_args": {}}},
+                                "model.class_path: ucpkg.models.detached's output reaches no parameter that requires a "
+                                "gradient"),
 }
 
 

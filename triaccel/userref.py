@@ -239,6 +239,16 @@ def check_references(train: dict) -> None:
         check_user_forward(model, x, y, info[0], cfg.model.label(), failure_is_final=on_cpu,
                            half=first_half(cfg, torch.device("cpu")) if on_cpu else None, mode=cfg.mode,
                            key="model.class_path" if cfg.model.class_path else "model.name")
+        # and in training mode, which the run's own check before its first step cannot take (its model's
+        # batch-norm statistics would move; this one is built for the check): the logits, reaching a parameter
+        from triaccel.metrics import example_loss_sum
+        from triaccel.userdef import check_loss_reaches_parameters, training_logits
+
+        try:
+            out = model.train()(x)
+        except Exception:  # noqa: BLE001 -- a training forward that fails is the run's to say, at its first step
+            return
+        check_loss_reaches_parameters(example_loss_sum(training_logits(out, cfg.model).float(), y), cfg.model)
 
 
 SHIP_EXCLUDES = ["__pycache__", "*.pyc", ".git", "mlruns", ".ipynb_checkpoints"]
