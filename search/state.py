@@ -86,10 +86,14 @@ def next_extension_folder(name: str) -> Path:
 NAME_MAX = 100
 
 
-def check_name(name: str, key: str) -> None:
+def valid_name(name: str) -> bool:
     """A search name is a folder under mlruns/tune and an MLflow tag value: one path component
     of letters, digits, '-' and '_' (no '/', '..', quotes or an empty name)."""
-    if not name or len(name) > NAME_MAX or not name.replace("-", "").replace("_", "").isalnum():
+    return bool(name) and len(name) <= NAME_MAX and name.replace("-", "").replace("_", "").isalnum()
+
+
+def check_name(name: str, key: str) -> None:
+    if not valid_name(name):
         raise ConfigError(f"{key} {name!r}: use 1 to {NAME_MAX} letters, digits, '-' and '_'")
 
 
@@ -101,7 +105,7 @@ def read_state(name: str) -> dict:
     p = tune_root() / name / STATE_FILE
     # a name no search can have is none of theirs, even where it leads to one's folder ('s1/', 's1/.'): it would
     # be logged to MLflow as a search of its own, and reopen (and end) that search's runs
-    if not p.is_file() or not (name and name.replace("-", "").replace("_", "").isalnum()):
+    if not p.is_file() or not valid_name(name):
         known = ", ".join(list_names()) or "none"
         raise ConfigError(f"no search named '{name}' under {tune_root()} (known: {known})")
     try:
