@@ -66,7 +66,9 @@ def cmd_export(args) -> int:
         print(f"  it trains {prov['searched_epochs']} epochs, the search's budget: for production add "
               f"`--set epochs=N` (or export with --epochs N)")
     b = prov.get("baseline")
-    if b and prov["exported"] == "baseline":
+    if b and prov["exported"] == "baseline" and args.pick == "baseline":
+        print(f"  the static AMP run {b['run']}, as --pick baseline asked: train the baseline as exported")
+    elif b and prov["exported"] == "baseline":
         print(f"  the search found nothing better than static AMP {b['run']} in runs of {b['search_gpu_s']:.0f} "
               f"device-seconds: train the baseline as exported")
     elif b:
@@ -186,7 +188,7 @@ STORAGE_HELP = ("folder, or a URI pyarrow opens as one (file:///folder, local://
                 "state (default mlruns/tune, or TRIACCEL_TUNE_DIR); remote storage is used mounted")
 # the score every search ranks by (triaccel.metrics.efficiency_score), said once in --help and the summary
 SCORE = ("eff is the paper's efficiency score (§4.2): validation accuracy (%) / (epoch time (s) x peak GPU memory "
-         "(GB) x 100) x 100, the epoch time the mean of the last five epochs; higher is better.")
+         "(GiB) x 100) x 100, the epoch time the mean of the last five epochs; higher is better.")
 
 ADDRESS_EMPTY = "an empty address; give HOST:PORT, ray://HOST:PORT or auto, or leave --address out"
 

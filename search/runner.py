@@ -103,6 +103,16 @@ def reach_new_folder(path: Path, address: str) -> None:
         raise
 
 
+def at_a_time(space: SearchSpace, shared: int, address: str | None) -> str:
+    """How many trials run at once, as the header says it: on this machine's CPUs Ray runs no more than
+    its cores hold (``shared``), whatever --concurrency asked; a GPU machine or a cluster runs what it
+    has room for, which the driver cannot know before Ray starts."""
+    if address is None and not on_gpu(space) and shared < space.concurrency:
+        return (f"{shared} at a time (concurrency {space.concurrency}: this machine's CPUs hold {shared} at "
+                f"cpus_per_trial {space.cpus_per_trial:g})")
+    return f"{space.concurrency} at a time"
+
+
 def _claim_and_run(name: str, space: SearchSpace, uri: str, path: Path, made: bool, address: str | None,
                    confirm: int | None, fresh_baselines: bool, runtime_env: dict | None, callables: dict) -> dict:
     """Write the new search's state (taking its name), then run it: baselines, trials, finish."""
@@ -118,7 +128,7 @@ def _claim_and_run(name: str, space: SearchSpace, uri: str, path: Path, made: bo
              "options": {"confirm": confirm}}
     write_state(name, path, state, made)
     claim_name(name, space, uri, path, made, shared)  # and in the store, which other Tune folders share
-    print(f"triaccel search '{name}': {space.trials} trials of {space.source}, {space.concurrency} at a time, "
+    print(f"triaccel search '{name}': {space.trials} trials of {space.source}, {at_a_time(space, shared, address)}, "
           f"objective {space.objective}; Tune state in {path}; MLflow {uri} (experiment '{EXPERIMENT}')", flush=True)
     with interruptible(name, uri):
         with phases.timed(uri, name, "baselines"):

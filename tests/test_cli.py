@@ -838,7 +838,7 @@ def test_help_says_every_argument_and_the_score_once():
     assert p.commands["searches"].description
     assert "ray://" not in p.commands["search"].format_help()
     text = " ".join(p.commands["search"].format_help().split())
-    assert "efficiency score" in text and "peak GPU memory (GB)" in text
+    assert "efficiency score" in text and "peak GPU memory (GiB)" in text
 
 
 @pytest.mark.parametrize("args, code", [(["searches"], 0), (["export", "nosuch", "--out", "x.yaml"], 2)])

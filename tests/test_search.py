@@ -334,6 +334,22 @@ def test_confirm_defaults_to_top_three_only_when_trials_shared_a_gpu(monkeypatch
     assert alone.default_confirm(None, shared=1) == 0  # one trial at a time: already measured alone
 
 
+def test_the_header_says_how_many_trials_this_machines_cpus_run_at_once(monkeypatch):
+    """`--concurrency 8` on a 2-core machine printed "8 at a time" and the closing note "2 trials at a time"."""
+    from triaccel.search import cluster
+    from triaccel.search.runner import at_a_time
+    from triaccel.search.space import parse_space
+
+    monkeypatch.setattr(cluster.os, "cpu_count", lambda: 2)
+    space = parse_space(dict(SPACE, concurrency=8), source="s.yaml")
+    shared = cluster.shared_trials(space)
+    assert shared == 2
+    assert at_a_time(space, shared, None) == "2 at a time (concurrency 8: this machine's CPUs hold 2 at cpus_per_trial 1)"
+    assert at_a_time(space, shared, "auto") == "8 at a time"  # a cluster's CPUs are the cluster's
+    space = parse_space(dict(SPACE, concurrency=2), source="s.yaml")
+    assert at_a_time(space, cluster.shared_trials(space), None) == "2 at a time"
+
+
 def test_a_cpu_space_on_a_gpu_machine_asks_for_no_gpu(monkeypatch, tmp_path):
     """A space whose train.device is cpu, searched on a GPU machine: each trial asked Ray for a share of a
     GPU it never used (its trials ran a GPU's worth at a time) and was accounted as sharing the GPU."""
@@ -781,6 +797,8 @@ def test_the_judge_pairs_trial_and_reference_by_seed_at_the_production_length(tm
     assert prov["metrics"]["efficiency"] == pytest.approx(
         sum(by[("baseline", s)].data.metrics["efficiency"] for s in (0, 1)) / 2)
     assert "--pick baseline" in prov["why"] and "judged at 2 epochs" in prov["why"]
+    # what was asked for is said as asked, never as the search's finding (it said "found nothing better")
+    assert "as --pick baseline asked" in r.stdout and "found nothing better" not in r.stdout, r.stdout
     # a length the verdict was not measured at is said, with the command that judges it there
     how = "`triaccel resume j --production-epochs 3` judges it at 3"
     assert how in r.stderr and f"# Its verdict was measured at 2 epochs, not 3: {how}" in \

@@ -100,6 +100,11 @@ def digits(n=600, tensors=True):
     return {"train": mk(x[:cut], y[:cut]), "test": mk(x[cut:], y[cut:])}
 
 
+def features(n=400):  # feature vectors [N, 64], not images: the data gives no in_channels or image_size
+    x, y = digits_arrays()
+    return {"train": TensorDataset(torch.tensor(x[:n], dtype=torch.float32) / 16, torch.tensor(y[:n]))}
+
+
 def saved(path):  # a file the user keeps beside the space, named by a relative path
     x, y = torch.load(path)
     cut = len(y) * 4 // 5
@@ -205,6 +210,12 @@ BAD = {
                                "data.class_path: ucpkg.models.mlp(...) raised TypeError"),
     "unknown zoo model": ({"model": {"name": "torchvision/resnet_nine", "class_path": None, "init_args": {}}},
                           "torchvision.models.list_models"),
+    # an image model's factory over feature vectors: was the call's TypeError ("missing 2 required positional
+    # arguments"), which did not say that the data gives these only for images
+    "image sizes of features": ({"data": {"class_path": "ucpkg.data.features", "init_args": {}}},
+                                "model.class_path: ucpkg.models.mlp takes in_channels, image_size, which neither "
+                                "model.init_args nor the data gives (the data gives num_classes; in_channels and "
+                                "image_size only for images [C, H, W])"),
     # a model that builds but cannot train on the data: the search takes no name for it
     "forward returns a tuple": ({"model": {"class_path": "ucpkg.models.returns_a_tuple", "init_args": {}}},
                                 "model.class_path: ucpkg.models.returns_a_tuple's forward returned a tuple, not a tensor"),

@@ -304,6 +304,15 @@ def build_user_model(mc, info: dict) -> torch.nn.Module:
         p = params.get(k)
         if k not in kwargs and p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
             kwargs[k] = v
+    # a parameter nothing gives (in_channels or image_size of a model over features or token ids, which the
+    # data gives only for images [C, H, W]): said with what the data does give, not as the call's TypeError
+    unmet = [k for k, p in params.items() if k not in kwargs and p.default is p.empty
+             and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if unmet:
+        gives = ", ".join(info) or "nothing"
+        raise ConfigError(f"{key}: {mc.class_path} takes {', '.join(unmet)}, which neither model.init_args nor the "
+                          f"data gives (the data gives {gives}; in_channels and image_size only for images "
+                          f"[C, H, W]): give {'them' if len(unmet) > 1 else 'it'} in model.init_args or the data's meta")
     model = call(fn, kwargs, key, mc.class_path)
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"{key}: {mc.class_path}(...) returned {type(model).__name__}, not a torch.nn.Module")
