@@ -9,7 +9,7 @@ from triaccel.errors import ConfigError, TriAccelError, check_stop
 from triaccel.hooks import Callback
 from triaccel.search import cluster
 from triaccel.search.space import SearchSpace
-from triaccel.search.state import EXPERIMENT, open_store, parent_run, read_outcome
+from triaccel.search.state import EXPERIMENT, again, open_store, parent_run, read_outcome
 from triaccel.search.tags import ALONE_NODE_TAG, TAG_DOMINATED
 from triaccel.units import mem_text
 
@@ -66,11 +66,12 @@ def check_confirm(confirm: int | None) -> None:
         raise ConfigError(f"--confirm: invalid value {confirm} (a number of configurations, >= 0)")
 
 
-def default_confirm(confirm: int | None, shared: int, gpu: bool | None = None) -> int:
+def default_confirm(confirm: int | None, shared: int, gpu: bool | None = None, name: str | None = None) -> int:
     """--confirm as given; by default the top 3 when trials shared a GPU, none otherwise (on a
     CPU-only machine trials share cores, not a device whose contention ranks them unevenly). Trials that
     shared a CPU machine are still slower than the baselines, which ran alone: said, with the flag that
-    re-measures them (on a 2-core machine a GPT trial read 0.62x shared and 1.61x alone)."""
+    re-measures them (on a 2-core machine a GPT trial read 0.62x shared and 1.61x alone), and with the command
+    that re-measures them once the search has finished (``name``: `resume NAME --confirm K`)."""
     if confirm is not None:
         return confirm
     on_gpu = cluster.gpu_count() > 0 if gpu is None else gpu
@@ -79,8 +80,9 @@ def default_confirm(confirm: int | None, shared: int, gpu: bool | None = None) -
               f"points) alone before export (--confirm 0 skips this)", flush=True)
         return CONFIRM_WHEN_SHARED
     if shared > 1:
+        after = f" (after the search: `{again('resume', name, '--confirm K')}`)" if name else ""
         print(f"note: {shared} trials at a time shared this machine's CPUs while the baselines ran alone: their "
-              f"ratios read low; --confirm K re-runs the top K alone before export", flush=True)
+              f"ratios read low; --confirm K re-runs the top K alone before export{after}", flush=True)
     return 0
 
 

@@ -121,4 +121,4 @@ def _extend(name: str, state: dict, trials: int, address: str | None, confirm: i
         left = 0 if watch.stopped is False else left_to_run(name, trials, tune_dir)  # as check_finished
         if left:
             raise Interrupted(f"{left} of the {trials} added trials left")
-        return finish(name, space, uri, default_confirm(confirm, state["shared"], on_gpu(space)))
+        return finish(name, space, uri, default_confirm(confirm, state["shared"], on_gpu(space), name))

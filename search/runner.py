@@ -138,7 +138,7 @@ def _claim_and_run(name: str, space: SearchSpace, uri: str, path: Path, made: bo
         with own_signals() as watch, phases.timed(uri, name, "trials"):
             new_tuner(space, name, uri, shared, ref_curve).fit()
         check_finished(name, space.trials, watch.stopped)
-        return finish(name, space, uri, default_confirm(confirm, shared, on_gpu(space)))
+        return finish(name, space, uri, default_confirm(confirm, shared, on_gpu(space), name))
 
 
 def resume_search(name: str, address: str | None = None, confirm: int | None = None,
@@ -312,7 +312,7 @@ def _resume(name: str, state: dict, address: str | None, confirm: int | None, as
         with own_signals() as watch, phases.timed(uri, name, "trials"):
             tuner.fit()
         check_finished(name, planned, watch.stopped, folder)
-        return finish(name, space, uri, default_confirm(confirm, state["shared"], on_gpu(space)))
+        return finish(name, space, uri, default_confirm(confirm, state["shared"], on_gpu(space), name))
 
 
 def finish(name: str, space: SearchSpace, uri: str, confirm: int) -> dict:

@@ -326,6 +326,9 @@ def test_confirm_defaults_to_top_three_only_when_trials_shared_a_gpu(monkeypatch
                                        "alone: their ratios read low; --confirm K re-runs the top K alone before "
                                        "export\n")
     assert alone.default_confirm(None, shared=1, gpu=False) == 0 and capsys.readouterr().out == ""
+    # with the command that re-runs them once the search has finished (a finished search refuses `search`)
+    assert alone.default_confirm(None, shared=2, gpu=False, name="q") == 0
+    assert capsys.readouterr().out.endswith("before export (after the search: `triaccel resume q --confirm K`)\n")
 
     assert alone.default_confirm(2, shared=4) == 2 and alone.default_confirm(0, shared=4) == 0  # as asked
     assert alone.default_confirm(None, shared=4) == (3 if cluster.gpu_count() > 0 else 0)
