@@ -67,13 +67,20 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
     path = tune_root() / name
     if (path / STATE_FILE).exists():
         raise ConfigError(_name_taken(name, path))
-    if address and address != "local":  # every node reaches the Tune folder: before anything is written or trained
-        init_ray(address, runtime_env=runtime_env)
-        reach_new_folder(path, address)
-    bounded_http_retries()
-    uri = usable_store()  # before the search takes its name: an unusable store must leave nothing behind
-    name_unused_in_store(name, uri, path)
-    made = not path.exists()
+    checked = [p for p in (path, *path.parents) if not p.exists()]  # deepest first: what the node check makes
+    try:
+        if address and address != "local":  # every node reaches the Tune folder: before anything is written
+            init_ray(address, runtime_env=runtime_env)
+            reach_new_folder(path, address)
+        bounded_http_retries()
+        uri = usable_store()  # before the search takes its name: an unusable store must leave nothing behind
+        name_unused_in_store(name, uri, path)
+    except BaseException:  # refused: not even the empty folder the node check made stays
+        for p in checked:
+            with contextlib.suppress(OSError):  # one another driver of that name has written into stays
+                p.rmdir()
+        raise
+    made = path in checked or not path.exists()  # the node check's folder is this search's own
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:

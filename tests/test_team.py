@@ -661,6 +661,14 @@ def test_a_search_on_two_nodes_uses_both_and_resumes_after_its_driver_is_killed(
     space = dict(SPACE, name="cluster", trials=trials, concurrency=2, train=dict(SPACE["train"], epochs=epochs))
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    # refused by its store after the nodes' check made its Tune folder: that folder went too (a teammate's
+    # walk found an empty mlruns/tune/NAME after every such refusal, where the doc says nothing is left)
+    dead = f"http://127.0.0.1:{free_port()}"
+    r = cli("search", "--space", "space.yaml", "--name", "refused", "--address", two_nodes.address, cwd=tmp_path,
+            env=env_for(dead))
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith(
+        f"triaccel: error: MLFLOW_TRACKING_URI: no MLflow server answers at {dead}"), r.stderr[-2000:]
+    assert not (tmp_path / "mlruns").exists(), sorted(str(p) for p in (tmp_path / "mlruns").rglob("*"))
     log = tmp_path / "search.log"
     proc = search_on(two_nodes.address, "c", tmp_path, log)
     try:

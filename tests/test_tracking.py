@@ -47,6 +47,45 @@ def test_bad_value_is_one_line_and_nothing_is_written(tmp_path, setting, match):
     assert "epoch" not in r.stdout  # nothing trained
 
 
+def test_a_server_that_refuses_the_host_it_is_reached_by_is_one_line_naming_the_flag(tmp_path):
+    """docs/team.md's `mlflow server --host 0.0.0.0` refuses (403) a teammate who reaches it by a name it was not
+    started for (MLflow 3 serves localhost and private addresses unless given --allowed-hosts); its /health
+    answers all the same, and a search ended in a traceback from its first write. A real server here, started
+    for another host name than the address the run reaches it by."""
+    import os
+    import time
+    import urllib.request
+
+    port = _closed_port()
+    log = open(tmp_path / "server.log", "w")
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
+                               f"sqlite:///{tmp_path}/server.db", "--host", "127.0.0.1", "--port", str(port),
+                               "--workers", "1", "--allowed-hosts", f"mlflow.team.example:{port}"],
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                              env={**{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")},
+                                   "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+    try:
+        deadline = time.monotonic() + 300  # a start-up wait, not a timing check
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
+                time.sleep(0.5)
+        r = _train(tmp_path, f"tracking.tracking_uri=http://127.0.0.1:{port}")
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=60)
+        log.close()
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith(f"triaccel: error: tracking.tracking_uri: the MLflow server at http://127.0.0.1:{port} "
+                           f"refused the request") and "403" in line, line
+    assert line.endswith("start the server with --allowed-hosts naming the host and port you reach it by"), line
+    assert "epoch" not in r.stdout  # nothing trained
+
+
 def test_a_bad_value_is_named_where_it_was_typed(tmp_path):
     """A value from --set is named as --set KEY (it was named as the config file's, which does not
     hold it); one from the file, by the file."""

@@ -167,6 +167,16 @@ def check_store(uri: str, key: str = "tracking.tracking_uri", write: bool = True
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
             raise ConfigError(f"{key}: no MLflow server answers at {uri} ({reason})") from None
+        # /health answers whoever asks; the API refuses a host name it was not started for (MLflow 3 serves
+        # localhost and private addresses unless given --allowed-hosts) or a client without credentials:
+        # one call says so here, not as a traceback from the search's first write
+        try:
+            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+        except Exception as e:  # noqa: BLE001 -- MLflow's REST errors: all mean "not usable" here
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            hint = (": start the server with --allowed-hosts naming the host and port you reach it by"
+                    if "Invalid Host header" in msg else "")
+            raise ConfigError(f"{key}: the MLflow server at {uri} refused the request ({msg[:200]}){hint}") from None
         return
     if scheme == "sqlite" and not write:
         db = Path(uri[len("sqlite:///"):].split("?", 1)[0])  # sqlite:///x.db?timeout=30: the file is x.db
