@@ -19,7 +19,8 @@ def list_searches() -> list[dict]:
         except ConfigError as e:  # one damaged state does not hide the other searches
             out.append({"name": name, "space": "?", "created": "?", "error": str(e)})
             continue
-        item = {"name": name, "space": st["source"], "created": st.get("created", "?"),
+        # the space file by its absolute path (a path as typed, ../space.yaml, means nothing from another folder)
+        item = {"name": name, "space": st.get("source_path") or st["source"], "created": st.get("created", "?"),
                 "trials": planned_trials(name, st["space"].get("trials")),
                 "driver": running_driver(tune_root() / name)}
         try:

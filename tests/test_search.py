@@ -294,6 +294,8 @@ def test_listing_and_name_collision_lose_nothing(searched):
     assert next(ln for ln in r.stdout.splitlines() if ln.startswith("t1 ")).endswith("  finished"), r.stdout
     # the listing's best is what export writes (it showed the best trial even where export wrote the baseline)
     row = next(ln.split() for ln in r.stdout.splitlines() if ln.startswith("t1 "))
+    # the space file as every folder reads it: its absolute path (its tail where long), not the spelling typed
+    assert str(d / "space.yaml").endswith(row[1]) and row[1].endswith("/space.yaml"), row
     e = cli("export", "t1", "--out", "listed.yaml", cwd=d)
     assert e.returncode == 0, e.stderr[-2000:]
     prov = yaml.safe_load((d / "listed.yaml").read_text())["provenance"]
