@@ -181,6 +181,9 @@ def cmd_ui(args) -> int:
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", args.host,
            "--port", str(args.port), "--workers", "1"]
     print(f"MLflow UI for {uri} at http://{args.host}:{args.port}  (Ctrl-C stops it)", flush=True)
+    # a viewer: without this MLflow 3 also starts its GenAI job runner (seven worker processes) on a database
+    # store; a user who wants it sets the variable
+    os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
     os.execv(sys.executable, cmd)
 
 

@@ -536,6 +536,9 @@ def test_ui_serves_the_trials_on_loopback_and_renders_in_a_browser(searched):
         runs = json.loads(urllib.request.urlopen(req).read())["runs"]
         roles = sorted(next(t["value"] for t in r["data"]["tags"] if t["key"] == "triaccel.role") for r in runs)
         assert roles.count("parent") == 1 and roles.count("trial") == 6  # (+ a confirm run if that test ran)
+        # a viewer, not MLflow's GenAI job runner too (it started seven workers on a database store)
+        environ = Path(f"/proc/{server.pid}/environ").read_bytes().split(b"\0")
+        assert b"MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false" in environ
         # it listens on loopback only
         out = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True).stdout if shutil.which("ss") else ""
         if out:
