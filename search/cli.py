@@ -127,7 +127,7 @@ def run_state(row: dict) -> str:
 
 
 def cmd_ui(args) -> int:
-    from triaccel.tracking import tracking_uri
+    from triaccel.tracking import shown, tracking_uri
 
     # the options first: a refused --host or --port writes nothing (not even the default store's mlruns/)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.allow_remote:
@@ -140,7 +140,7 @@ def cmd_ui(args) -> int:
     uri = tracking_uri(None, write=False)  # no folder made: a store that is not there is said below
     if not uri.startswith("sqlite:") and not uri.startswith("postgresql") and not uri.startswith("mysql"):
         server = uri.startswith(("http://", "https://"))  # a team's MLflow server serves its own UI: open it
-        print(f"triaccel: error: the UI needs a database store; MLFLOW_TRACKING_URI is {uri}"
+        print(f"triaccel: error: the UI needs a database store; MLFLOW_TRACKING_URI is {shown(uri)}"
               + (": an MLflow server, whose own UI is at that address" if server else ""), file=sys.stderr)
         return 2
     # MLflow reports a port in use deep in its server's log and still exits 0: check it here, binding the
@@ -180,7 +180,7 @@ def cmd_ui(args) -> int:
     client(uri, key="MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "the MLflow store")
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", args.host,
            "--port", str(args.port), "--workers", "1"]
-    print(f"MLflow UI for {uri} at http://{args.host}:{args.port}  (Ctrl-C stops it)", flush=True)
+    print(f"MLflow UI for {shown(uri)} at http://{args.host}:{args.port}  (Ctrl-C stops it)", flush=True)
     # a viewer: without this MLflow 3 also starts its GenAI job runner (seven worker processes) on a database
     # store; a user who wants it sets the variable
     os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")

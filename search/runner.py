@@ -24,6 +24,7 @@ from triaccel.search.state import (EXPERIMENT, STATE_FILE, again, check_name, cl
                                    usable_store, write_state)
 from triaccel.search.tuner import (check_finished, new_tuner, quiet_tune_failures, restorable, trial_trainable,
                                   unfinished_extension, unstarted_extension)
+from triaccel.tracking import shown
 
 
 def run_search(space_path: str, name: str | None = None, trials: int | None = None, concurrency: int | None = None,
@@ -136,7 +137,7 @@ def _claim_and_run(name: str, space: SearchSpace, uri: str, path: Path, made: bo
     write_state(name, path, state, made)
     claim_name(name, space, uri, path, made, shared)  # and in the store, which other Tune folders share
     print(f"triaccel search '{name}': {space.trials} trials of {space.source}, {at_a_time(space, shared, address)}, "
-          f"objective {space.objective}; Tune state in {path}; MLflow {uri} (experiment '{EXPERIMENT}')", flush=True)
+          f"objective {space.objective}; Tune state in {path}; MLflow {shown(uri)} (experiment '{EXPERIMENT}')", flush=True)
     with interruptible(name, uri):
         with phases.timed(uri, name, "baselines"):
             ref_curve = run_baselines(name, space, uri, shared, fresh=fresh_baselines)

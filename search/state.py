@@ -18,6 +18,7 @@ from pathlib import Path
 from triaccel.errors import ConfigError, TriAccelError
 from triaccel.search.lock import LOCK_FILE
 from triaccel.search.space import SearchSpace, parse_space, pin_controller_defaults
+from triaccel.tracking import shown
 from triaccel.tracking import tracking_uri as resolve_uri
 
 
@@ -261,7 +262,7 @@ def name_unused_in_store(name: str, uri: str, path: Path) -> None:
         if (path / STATE_FILE).exists():
             raise ConfigError(f"search '{name}' already exists in {path} (started meanwhile by another "
                               f"process): choose another --name")
-        raise ConfigError(f"the MLflow store {uri} already holds runs of a search named '{name}' (from another Tune "
+        raise ConfigError(f"the MLflow store {shown(uri)} already holds runs of a search named '{name}' (from another Tune "
                           f"folder than {path.parent}, or one deleted): choose another --name")
 
 
@@ -334,7 +335,7 @@ def claim_name(name: str, space: SearchSpace, uri: str, path: Path, made: bool, 
         if made:
             (path / LOCK_FILE).unlink(missing_ok=True)  # held by this driver until it exits: an open file unlinked
             path.rmdir()
-    raise ConfigError(f"the MLflow store {uri} took the name '{name}' for another search started at the same "
+    raise ConfigError(f"the MLflow store {shown(uri)} took the name '{name}' for another search started at the same "
                       f"moment (its parent run {first.info.run_id}, from another Tune folder than {path.parent}): "
                       f"choose another --name")
 

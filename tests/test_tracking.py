@@ -86,6 +86,22 @@ def test_a_server_that_refuses_the_host_it_is_reached_by_is_one_line_naming_the_
     assert "epoch" not in r.stdout  # nothing trained
 
 
+def test_a_password_in_the_store_uri_is_never_printed(tmp_path):
+    """A team pointing runs at its database directly (postgresql+psycopg2://USER:PASSWORD@HOST/DB) had the
+    password printed in every header, `browse:` line and error, into terminals and CI logs."""
+    from triaccel.tracking import shown
+
+    assert shown("postgresql+psycopg2://mlflow:s3cret@db.team:5432/mlflow") == \
+        "postgresql+psycopg2://mlflow:***@db.team:5432/mlflow"
+    assert shown("https://me:tok%40en@mlflow.team/") == "https://me:***@mlflow.team/"
+    for plain in ("sqlite:///mlruns/mlflow.db", "http://127.0.0.1:5000", "postgresql://mlflow@db/mlflow"):
+        assert shown(plain) == plain
+    # a real connection attempt to a database nobody serves: psycopg2 refused, said in one line without it
+    r = _train(tmp_path, f"tracking.tracking_uri=postgresql+psycopg2://mlflow:s3cret@127.0.0.1:{_closed_port()}/m")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "s3cret" not in r.stdout + r.stderr and "mlflow:***@127.0.0.1" in r.stderr, r.stderr[-2000:]
+
+
 def test_a_bad_value_is_named_where_it_was_typed(tmp_path):
     """A value from --set is named as --set KEY (it was named as the config file's, which does not
     hold it); one from the file, by the file."""

@@ -158,10 +158,11 @@ def run_config(cfg, on_trainer: Callable | None = None) -> TrainResult:
     print(line)
     uri = None
     if logger is not None:
-        from triaccel.tracking import tracking_uri
+        from triaccel.tracking import shown, tracking_uri
 
         uri = tracking_uri(cfg.tracking.tracking_uri)
-        print(f"MLflow run {logger.run_id} in experiment '{cfg.tracking.experiment}' at {uri}  (browse: triaccel ui)")
+        print(f"MLflow run {logger.run_id} in experiment '{cfg.tracking.experiment}' at {shown(uri)}  (browse: "
+              f"triaccel ui)")
     return TrainResult(summary, to_dict(cfg), logger.run_id if logger is not None else None, uri)
 
 

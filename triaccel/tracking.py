@@ -30,6 +30,21 @@ os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 NUMERIC = (int, float)
 
 
+def shown(uri: str) -> str:
+    """``uri`` as printed: a password in it (``postgresql+psycopg2://USER:PASSWORD@HOST/DB``) as ``***``, so that
+    a terminal, a CI log or a teammate's screen does not carry it; the URI itself is used as given."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return uri
+    if parts.password is None:
+        return uri
+    user, _, host = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=f"{user.split(':', 1)[0]}:***@{host}"))
+
+
 def tracking_uri(explicit: str | None = None, key: str = "tracking.tracking_uri", write: bool = True) -> str:
     """The store's URI; for a relative sqlite store about to be written, its folder made (a read makes none)."""
     uri = explicit or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
@@ -41,7 +56,7 @@ def tracking_uri(explicit: str | None = None, key: str = "tracking.tracking_uri"
             where = key if explicit else ("MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI")
                                           else "the default MLflow store")
             what = "is a file, not a folder" if folder.exists() and not folder.is_dir() else (e.strerror or str(e))
-            raise ConfigError(f"{where}: cannot use the MLflow store {uri} ({folder} {what})") from None
+            raise ConfigError(f"{where}: cannot use the MLflow store {shown(uri)} ({folder} {what})") from None
     return uri
 
 
@@ -98,7 +113,7 @@ def _pg_lock(uri: str, key: str):
         conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": PG_LOCK_KEY})
     except Exception as e:  # noqa: BLE001 -- no driver, no server, bad credentials: all mean "not usable"
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"{key}: cannot use the MLflow store {uri} ({msg[:200]})") from None
+        raise ConfigError(f"{key}: cannot use the MLflow store {shown(uri)} ({msg[:200]})") from None
     try:
         yield
     finally:
@@ -129,7 +144,7 @@ def _store_lock(uri: str, key: str = "tracking.tracking_uri", write: bool = True
             # which only keeps two first clients from creating a new store together; a write says so itself
             yield
             return
-        raise ConfigError(f"{key}: cannot use the MLflow store {uri} "
+        raise ConfigError(f"{key}: cannot use the MLflow store {shown(uri)} "
                           f"({db.parent}: {e.strerror or e})") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -166,7 +181,7 @@ def check_store(uri: str, key: str = "tracking.tracking_uri", write: bool = True
             pass  # a server answered (a proxy may not route /health): MLflow's own calls will tell
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
-            raise ConfigError(f"{key}: no MLflow server answers at {uri} ({reason})") from None
+            raise ConfigError(f"{key}: no MLflow server answers at {shown(uri)} ({reason})") from None
         # /health answers whoever asks; the API refuses a host name it was not started for (MLflow 3 serves
         # localhost and private addresses unless given --allowed-hosts) or a client without credentials:
         # one call says so here, not as a traceback from the search's first write
@@ -176,7 +191,7 @@ def check_store(uri: str, key: str = "tracking.tracking_uri", write: bool = True
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             hint = (": start the server with --allowed-hosts naming the host and port you reach it by"
                     if "Invalid Host header" in msg else "")
-            raise ConfigError(f"{key}: the MLflow server at {uri} refused the request ({msg[:200]}){hint}") from None
+            raise ConfigError(f"{key}: the MLflow server at {shown(uri)} refused the request ({msg[:200]}){hint}") from None
         return
     if scheme == "sqlite" and not write:
         db = Path(uri[len("sqlite:///"):].split("?", 1)[0])  # sqlite:///x.db?timeout=30: the file is x.db
@@ -193,7 +208,7 @@ def check_store(uri: str, key: str = "tracking.tracking_uri", write: bool = True
         raise
     except Exception as e:  # noqa: BLE001 -- MLflow raises many kinds here; all mean "not usable"
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"{key}: cannot use the MLflow store {uri} ({msg[:200]})") from None
+        raise ConfigError(f"{key}: cannot use the MLflow store {shown(uri)} ({msg[:200]})") from None
 
 
 def ensure_experiment(c, name: str, key: str | None = None) -> str:
@@ -201,7 +216,7 @@ def ensure_experiment(c, name: str, key: str | None = None) -> str:
     if exp is not None and exp.lifecycle_stage == "deleted":
         # deleted in the MLflow UI: still in the store (its trash), and MLflow refuses new runs in it with a
         # traceback; restoring it silently would undo the user's deletion
-        raise ConfigError(f"{key + ': ' if key else ''}MLflow experiment '{name}' in {c.tracking_uri} is deleted "
+        raise ConfigError(f"{key + ': ' if key else ''}MLflow experiment '{name}' in {shown(c.tracking_uri)} is deleted "
                           f"(in the UI's trash): restore it in the MLflow UI, or remove it for good with "
                           f"`mlflow gc --backend-store-uri {c.tracking_uri}`")
     if exp is not None:
