@@ -76,7 +76,7 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
         bounded_http_retries()
         uri = usable_store()  # before the search takes its name: an unusable store must leave nothing behind
         name_unused_in_store(name, uri, path)
-    except BaseException:  # refused: not even the empty folder the node check made stays
+    except BaseException:  # refused (or stopped): no folder the node check made stays
         for p in checked:
             with contextlib.suppress(OSError):  # one another driver of that name has written into stays
                 p.rmdir()
@@ -94,21 +94,14 @@ def run_search(space_path: str, name: str | None = None, trials: int | None = No
 
 
 def reach_new_folder(path: Path, address: str) -> None:
-    """``check_nodes_reach`` for a new search's Tune folder, made for the check; a search refused (or stopped)
-    there leaves no folder the check made, the folders above it included."""
-    made = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
+    """``check_nodes_reach`` for a new search's Tune folder, made for the check (``run_search`` removes what it
+    made, the folders above it included, where the search is refused there or later)."""
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError:
         return  # the search's own mkdir says why, in its words
-    try:
-        check_nodes_reach(path, address, "give the search a folder every node reaches at the same path (--storage "
-                                         "on a shared disk)")
-    except BaseException:
-        for p in made:
-            with contextlib.suppress(OSError):  # a folder another driver of that name has written into stays
-                p.rmdir()
-        raise
+    check_nodes_reach(path, address, "give the search a folder every node reaches at the same path (--storage "
+                                     "on a shared disk)")
 
 
 def at_a_time(space: SearchSpace, shared: int, address: str | None) -> str:

@@ -24,15 +24,11 @@ import threading
 from pathlib import Path
 
 from triaccel.errors import ConfigError
+from triaccel.tracking import first_line
 
 # pyarrow's S3 and GCS clients retry an unreachable endpoint for minutes: a remote URI that has not
 # answered by then is reported as unreachable
 REACH_TIMEOUT_S = 15.0
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return (text.splitlines()[0] if text else type(e).__name__)[:200]
 
 
 def _bounded(fn, raw: str):
@@ -54,8 +50,8 @@ def _bounded(fn, raw: str):
     if e is None:
         return out["value"]
     if isinstance(e, OSError):  # pyarrow knows the scheme but could not open it (no network, no such bucket)
-        raise ConfigError(f"--storage {raw}: cannot reach it ({_first_line(e)})")
-    raise ConfigError(f"--storage {raw}: not a file system pyarrow can open ({_first_line(e)}); give a folder, "
+        raise ConfigError(f"--storage {raw}: cannot reach it ({first_line(e)})")
+    raise ConfigError(f"--storage {raw}: not a file system pyarrow can open ({first_line(e)}); give a folder, "
                       f"file:///folder, or a URI pyarrow reads (s3://, gs://...)")
 
 

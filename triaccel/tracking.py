@@ -30,6 +30,12 @@ os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 NUMERIC = (int, float)
 
 
+def first_line(e: BaseException) -> str:
+    """An error's first line, at most 200 characters (its type where it has no message): one line's worth."""
+    text = str(e).strip()
+    return (text.splitlines()[0] if text else type(e).__name__)[:200]
+
+
 def shown(uri: str) -> str:
     """``uri`` as printed: a password in it (``postgresql+psycopg2://USER:PASSWORD@HOST/DB``) as ``***``, so that
     a terminal, a CI log or a teammate's screen does not carry it; the URI itself is used as given."""
@@ -112,8 +118,7 @@ def _pg_lock(uri: str, key: str):
         conn = engine.connect()
         conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": PG_LOCK_KEY})
     except Exception as e:  # noqa: BLE001 -- no driver, no server, bad credentials: all mean "not usable"
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"{key}: cannot use the MLflow store {shown(uri)} ({msg[:200]})") from None
+        raise ConfigError(f"{key}: cannot use the MLflow store {shown(uri)} ({first_line(e)})") from None
     try:
         yield
     finally:
@@ -188,10 +193,10 @@ def check_store(uri: str, key: str = "tracking.tracking_uri", write: bool = True
         try:
             MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
         except Exception as e:  # noqa: BLE001 -- MLflow's REST errors: all mean "not usable" here
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            msg = first_line(e)
             hint = (": start the server with --allowed-hosts naming the host and port you reach it by"
-                    if "Invalid Host header" in msg else "")
-            raise ConfigError(f"{key}: the MLflow server at {shown(uri)} refused the request ({msg[:200]}){hint}") from None
+                    if "Invalid Host header" in str(e) else "")
+            raise ConfigError(f"{key}: the MLflow server at {shown(uri)} refused the request ({msg}){hint}") from None
         return
     if scheme == "sqlite" and not write:
         db = Path(uri[len("sqlite:///"):].split("?", 1)[0])  # sqlite:///x.db?timeout=30: the file is x.db
@@ -207,8 +212,7 @@ def check_store(uri: str, key: str = "tracking.tracking_uri", write: bool = True
     except (ConfigError, StoreLocked):
         raise
     except Exception as e:  # noqa: BLE001 -- MLflow raises many kinds here; all mean "not usable"
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"{key}: cannot use the MLflow store {shown(uri)} ({msg[:200]})") from None
+        raise ConfigError(f"{key}: cannot use the MLflow store {shown(uri)} ({first_line(e)})") from None
 
 
 def ensure_experiment(c, name: str, key: str | None = None) -> str:
