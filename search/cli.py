@@ -62,9 +62,13 @@ def cmd_export(args) -> int:
     if prov.get("deleted_runs_ignored"):
         print(f"  {prov['deleted_runs_ignored']} run(s) of search '{args.name}' are deleted in MLflow and were not "
               f"considered: restore them in the MLflow UI (or `mlflow gc` them for good) and export again to count them")
-    if args.epochs is None:
-        print(f"  it trains {prov['searched_epochs']} epochs, the search's budget: for production add "
+    epochs = yaml.safe_load(p.read_text())["epochs"]
+    if args.epochs is None and epochs == prov["searched_epochs"]:
+        print(f"  it trains {epochs} epochs, the search's budget: for production add "
               f"`--set epochs=N` (or export with --epochs N)")
+    elif args.epochs is None:  # the search's production_epochs: the space's, or resume --production-epochs
+        print(f"  it trains {epochs} epochs, the search's production_epochs (it scored {prov['searched_epochs']}): "
+              f"export --epochs N sets another length")
     b = prov.get("baseline")
     if b and prov["exported"] == "baseline" and args.pick == "baseline":
         print(f"  the static AMP run {b['run']}, as --pick baseline asked: train the baseline as exported")

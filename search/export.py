@@ -135,7 +135,7 @@ def length_line(epochs: int, searched_epochs: int, flag: int | None, length: int
         return (f"# Scored over the search's {searched_epochs} epochs; set to {epochs} for production "
                 f"(--epochs).\n")
     if length is not None:
-        return (f"# Trains {epochs} epochs, the space's production_epochs (the search scored {searched_epochs}); "
+        return (f"# Trains {epochs} epochs, the search's production_epochs (it scored {searched_epochs}); "
                 f"export --epochs N sets another length.\n")
     return (f"# Trains {epochs} epochs, the search's budget: for a production run add --set epochs=N "
             f"(the lr schedule stretches to N), or export with --epochs N.\n")
@@ -189,7 +189,8 @@ def baseline_provenance(space, o, j, chosen) -> dict:
         **({"second_look": {"gaps_pp": list(ranked.gaps), "mlflow_run_ids": list(ranked.second_runs)}}
            if ranked is not None and ranked.gaps else {}),
         **trade(measured, ref),
-        **payback(gpu_seconds(o.runs), ref["epoch_time_last5_s"], measured["epoch_time_last5_s"])}
+        **payback(gpu_seconds(o.runs + (j.rows if j is not None else [])), ref["epoch_time_last5_s"],
+                  measured["epoch_time_last5_s"])}
 
 
 def write_new(p: Path, out: str, text: str, force: bool) -> None:

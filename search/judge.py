@@ -60,6 +60,7 @@ class Judged:
     runs: dict  # judged_runs(...)
     search_epochs: int = 0  # the length the search scored its trials at
     search_ratios: dict = dataclasses.field(default_factory=dict)  # run id -> its ratio at that length
+    rows: list = dataclasses.field(default_factory=list)  # every judge run, any length: part of the search's cost
 
     def agreement(self) -> dict:
         """How the search's verdicts held at the production length, measured, not assumed: Kendall's tau
@@ -108,7 +109,8 @@ def judged(name: str, space: SearchSpace, uri: str, o) -> Judged | None:
     if not space.production_epochs or o.reference is None:
         return None
     c, exp = open_store(uri, write=False)
-    runs = judged_runs(trial_table(c, exp, name, role=ROLE), space.production_epochs)
+    rows = trial_table(c, exp, name, role=ROLE)
+    runs = judged_runs(rows, space.production_epochs)
     label = o.reference["tags"].get("triaccel.baseline")
     ss = seeds(space, from_dict(TrainConfig, space.baseline_train(label)).seed)
     ref = {s: m for s, m in runs.get(BASELINE, {}).items() if s in ss}
@@ -118,7 +120,7 @@ def judged(name: str, space: SearchSpace, uri: str, o) -> Judged | None:
     if not pairs:
         return None
     return Judged(space.production_epochs, ss, label, pairs, verdict(pairs), runs, space.epochs,
-                  {x.row["run_id"]: x.ratio for x in o.ranked if x.row["run_id"] in runs})
+                  {x.row["run_id"]: x.ratio for x in o.ranked if x.row["run_id"] in runs}, rows)
 
 
 def run_judge(name: str, space: SearchSpace, uri: str, k: int) -> None:

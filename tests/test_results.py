@@ -299,7 +299,7 @@ def _judged_outcome(cand_effs):
            for s, (e, r) in enumerate(zip([100.0, 110.0, 90.0], cand_effs))]
     runs = J.judged_runs([dict(x, tags={**x["tags"], J.TAG_JUDGES: x["tags"]["judges"]}) for x in jr], 8)
     pairs = [R.paired("t1", runs["t1"], runs["baseline"], 0.5)]
-    return o, J.Judged(8, [0, 1, 2], "b512", pairs, R.verdict(pairs), runs)
+    return o, J.Judged(8, [0, 1, 2], "b512", pairs, R.verdict(pairs), runs, rows=jr)
 
 
 def test_the_judged_pick_is_the_static_reference_unless_a_trial_beats_it_at_the_bound():
@@ -316,6 +316,20 @@ def test_the_judged_pick_is_the_static_reference_unless_a_trial_beats_it_at_the_
     assert p.kind == "trial" and p.row["run_id"] == "t1"
     assert p.measured["efficiency"] == pytest.approx((105.0 + 114.4 + 95.4) / 3)  # its mean at 8 epochs
     assert final_pick(o, space, None).row["run_id"] == "t1"  # not judged: the search's own pick
+
+
+def test_the_searchs_cost_that_faster_epochs_repay_counts_its_judge_runs():
+    """The payback and export's "in runs of N device-seconds" counted trials, confirms and baselines but
+    not the judge's runs at the production length, which a judged search spends most of its time on."""
+    from triaccel.search.export import baseline_provenance
+    from triaccel.search.judge import final_pick
+
+    space = type("S", (), {"objective": "efficiency", "margin": 0.5})()
+    o, j = _judged_outcome([1.05, 1.04, 1.06])
+    b = baseline_provenance(space, o, j, final_pick(o, space, j))
+    searched = R.gpu_seconds(o.runs)  # two trials at a quarter of the GPU, four baselines alone: 45 s
+    assert searched == pytest.approx(2 * 10.0 * 0.25 + 4 * 10.0)
+    assert b["search_gpu_s"] == pytest.approx(searched + 6 * 10.0)  # and six judge runs alone
 
 
 def test_the_judge_measures_how_the_searchs_verdicts_held_at_the_production_length():

@@ -854,6 +854,12 @@ def test_the_judge_pairs_trial_and_reference_by_seed_at_the_production_length(tm
     doc = yaml.safe_load((tmp_path / "tuned4.yaml").read_text())
     judge = doc["provenance"]["judge"]
     assert doc["epochs"] == 3 and judge["production_epochs"] == 3
+    # what it says is what it wrote: 3 epochs, resume's production length, not "the search's budget" of 1
+    assert "it trains 3 epochs, the search's production_epochs (it scored 1)" in r.stdout, r.stdout
+    assert "the search's budget" not in r.stdout + (tmp_path / "tuned4.yaml").read_text()
+    # the search's cost counts the eight judge runs (each alone: its wall time), not only its trial and baseline
+    walls = sum(x.data.metrics["wall_s"] for x in judged)
+    assert doc["provenance"]["baseline"]["search_gpu_s"] > walls, (doc["provenance"]["baseline"], walls)
     ratios = [by[(t.info.run_id, s, "3")].data.metrics["efficiency"] / by[("baseline", s, "3")].data.metrics["efficiency"]
               for s in (0, 1)]
     assert judge["candidates"][0]["ratios"] == pytest.approx(ratios)
