@@ -696,6 +696,61 @@ def test_the_epoch_line_counts_the_examples_the_data_holds(model, data, unit):
     assert f" {unit} " in epoch and sum(u in epoch for u in ("img/s", "seq/s", "ex/s")) == 1, epoch
 
 
+def windows(stride, T=32, n_tokens=2000, dtype=torch.int64):
+    """nanoGPT-style windows over one token stream: example i is tokens [i*stride, i*stride + T), its targets
+    the same shifted by one."""
+    tok = torch.randint(0, 50, (n_tokens,), generator=torch.Generator().manual_seed(1)).to(dtype)
+    starts = range(0, n_tokens - T - 1, stride)
+    x = torch.stack([tok[i:i + T] for i in starts])
+    y = torch.stack([tok[i + 1:i + T + 1] for i in starts])
+    return {"train": TensorDataset(x, y), "meta": {"vocab_size": 50}}
+
+
+@pytest.mark.parametrize("stride", [1, 8])
+def test_validation_carved_from_sliding_windows_shares_no_position_with_training(stride):
+    """Without a val split, the held-out windows were drawn at random from overlapping training windows:
+    with stride 8 and block 32 every validation character was also trained on. Sliding windows are found
+    (consecutive examples continue each other) and validated on the tail; the windows before it that share a
+    position with it are left out. Independent sequences keep the seeded random split."""
+    from triaccel.config import DataConfig
+    from triaccel.userdef import carve_val, load_user_splits, window_stride
+    from triaccel.userref import reference_of
+
+    sp = load_user_splits(DataConfig(class_path=reference_of(windows, "data"), init_args={"stride": stride},
+                                     val_fraction=0.1))
+    (xt, yt), (xv, yv) = sp.train, sp.val
+    n = len(windows(stride)["train"])
+    assert len(yv) == round(0.1 * n) and len(yt) == n - len(yv) - 32 // stride
+    # positions in the token stream: window k starts at k*stride; train and val share none
+    pos = lambda first, count: set(range(first * stride, (first + count - 1) * stride + 32 + 1))  # noqa: E731
+    assert not pos(0, len(yt)) & pos(n - len(yv), len(yv))
+    assert torch.equal(xv, windows(stride)["train"].tensors[0][-len(yv):])
+    assert window_stride(windows(stride)["train"].tensors[0]) == stride
+    # independent sequences (no window continues another) and windows that share no input position (stride
+    # T: a window's last target is the next one's first input, never a target trained on): a seeded random
+    # split, as before
+    assert window_stride(windows(32)["train"].tensors[0]) is None
+    seqs = sequence_data(n=200)["train"].tensors
+    assert window_stride(seqs[0]) is None
+    (_, _), (xv2, _) = carve_val(*seqs, 0.1, 0)
+    assert not torch.equal(xv2, seqs[0][-len(xv2):])
+
+
+def test_token_ids_kept_as_uint16_train_as_any_integer_ids():
+    """nanoGPT keeps its tokens as uint16 (.bin files): a Dataset over them was a traceback from the targets'
+    check (torch has no min for uint16). They are widened to int32, every value kept."""
+    from triaccel.config import DataConfig
+    from triaccel.userdef import load_user_splits
+    from triaccel.userref import reference_of
+
+    sp = load_user_splits(DataConfig(class_path=reference_of(windows, "data"),
+                                     init_args={"stride": 32, "dtype": torch.uint16}))
+    want = windows(32)["train"].tensors
+    assert sp.train[0].dtype == torch.int32 and sp.train[1].dtype == torch.int64
+    got = torch.cat([sp.train[0], sp.val[0]]).long()
+    assert len(got) == len(want[0]) and bool((got[:, None, :] == want[0][None]).all(-1).any(1).all())
+
+
 def uint8_images(n=40):
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (n, 3, 8, 8), dtype=torch.uint8, generator=g)

@@ -122,6 +122,9 @@ def _pair(item: Any, where: str) -> tuple[torch.Tensor, torch.Tensor]:
         raise DataError(f"{where}: an example's input and target must be tensors or arrays ({said(e)})") from None
 
 
+WIDER = {torch.uint16: torch.int32, torch.uint32: torch.int64, torch.uint64: torch.int64}
+
+
 def materialise(ds: Any, where: str) -> tuple[torch.Tensor, torch.Tensor]:
     """A split as (inputs, targets) tensors: a TensorDataset's own, any other map-style Dataset stacked
     once (refused in one line when it would not fit in memory)."""
@@ -152,6 +155,9 @@ def materialise(ds: Any, where: str) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = torch.stack(xs), torch.stack(ys)
     if len(x) != len(y) or len(x) == 0:
         raise DataError(f"{where}: {len(x)} inputs and {len(y)} targets (need as many, at least one)")
+    # token ids kept as uint16 (nanoGPT's .bin files) or uint32: torch computes little in those types (no
+    # min, no embedding lookup), so they are widened to the smallest signed type that holds every value
+    x, y = (t.to(WIDER[t.dtype]) if t.dtype in WIDER else t for t in (x, y))
     if y.is_floating_point() or y.dtype == torch.bool or y.is_complex():
         raise DataError(f"{where}: targets must be integer class ids, got {y.dtype}")
     if y.dim() not in (1, 2):
@@ -170,17 +176,41 @@ def materialise(ds: Any, where: str) -> tuple[torch.Tensor, torch.Tensor]:
     return x, y.long()
 
 
+def window_stride(x: torch.Tensor, pairs: int = 8) -> int | None:
+    """The stride s of sliding windows: each of the first ``pairs`` examples' inputs continue the one before,
+    shifted by s < T positions (``x[i][s:] == x[i + 1][:T - s]``); None where they do not (independent
+    examples, or windows that share no position)."""
+    n, t = len(x), x.shape[1] if x.dim() > 1 else 0
+    if n < 3 or t < 2:
+        return None
+    last = min(n - 1, pairs)
+    for s in range(1, t):
+        if all(torch.equal(x[i][s:], x[i + 1][:t - s]) for i in range(last)):
+            return s
+    return None
+
+
 def carve_val(x: torch.Tensor, y: torch.Tensor, fraction: float, seed: int) -> tuple[tuple, tuple]:
-    """(train, val) from one split: stratified for class labels, a seeded random split for sequences."""
+    """(train, val) from one split: stratified for class labels; for sequences a seeded random split, except
+    for sliding windows (consecutive examples overlapping, window_stride): a random split would validate on
+    positions the training windows hold, so the validation split is the last ``fraction`` of the windows and
+    the windows before it that share a position with it (inputs or shifted targets) are left out."""
     from triaccel.data import stratified_split
 
     if y.dim() == 1:
         keep, held = stratified_split(y, fraction, seed)
-    else:
-        perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
-        n_held = min(max(int(round(fraction * len(y))), 1), len(y) - 1)
+        return (x[keep], y[keep]), (x[held], y[held])
+    n = len(y)
+    n_held = min(max(int(round(fraction * n)), 1), n - 1)
+    stride = window_stride(x)
+    if stride is None:
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
         held, keep = perm[:n_held].sort().values, perm[n_held:].sort().values
-    return (x[keep], y[keep]), (x[held], y[held])
+        return (x[keep], y[keep]), (x[held], y[held])
+    # window i spans positions [i*s, i*s + T] with its shifted targets: i and j share none once (j - i)*s > T
+    gap = x.shape[1] // stride
+    cut = n - n_held
+    return (x[:max(cut - gap, 0)], y[:max(cut - gap, 0)]), (x[cut:], y[cut:])
 
 
 def load_user_splits(dc) -> UserSplits:
