@@ -55,6 +55,12 @@ def number(src, key, v, what):
     return v
 
 
+# keys that decide what the trials train and validate on (a block size in the user's data factory's arguments,
+# the held-out share): never searched; augmentation and the data's placement are training settings
+FIXED_DATA = {"data", "data.name", "data.class_path", "data.init_args", "data.data_dir", "data.val_fraction",
+              "data.split_seed", "data.download", "data.cache_dir"}
+
+
 def parse_params(src: str, raw_params, train: dict, strict: bool) -> dict[str, Param]:
     """Every searched key, checked alone and then against the others."""
     if not isinstance(raw_params, dict) or not raw_params:
@@ -111,6 +117,10 @@ def parse_param(src: str, key, spec, train: dict, strict: bool) -> Param:
         raise field_error(src, pk, "the trials' length is not searched: train.epochs sets it for every trial, the "
                                    "baselines and ASHA alike, and production_epochs the length the export is "
                                    "judged and trained at")
+    if strict and (key in FIXED_DATA or key.startswith("data.init_args.")):
+        raise field_error(src, pk, "the data and its validation split are the same for every trial and baseline "
+                                   "(the score's accuracy is measured on them, and a trial on other data would be "
+                                   "ranked against baselines on this): set it under train.data")
     if dist == "categorical":
         p = Param(key, dist, choices=_choices(src, pk, spec), above=above)
     else:
