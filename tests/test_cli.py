@@ -150,6 +150,12 @@ def test_train_logs_run_to_sqlite_store(tmp_path):
     arts = [a.path for a in c.list_artifacts(run.info.run_id)]
     assert "config.yaml" in arts
     assert (tmp_path / "mlruns" / "artifacts").is_dir()
+    # the trained model, without --save too: the run's model.pt, which load_model builds for inference
+    assert "model.pt" in arts
+    from triaccel.saving import load_model
+
+    m = load_model(c.download_artifacts(run.info.run_id, "model.pt", str(tmp_path)))
+    assert not m.training and m(torch.zeros(1, 1, 8, 8)).shape == (1, 10)
 
 
 def test_triaccel_train_logs_the_control_trajectory(tmp_path):

@@ -718,7 +718,7 @@ def test_validation_carved_from_sliding_windows_shares_no_position_with_training
 
     sp = load_user_splits(DataConfig(class_path=reference_of(windows, "data"), init_args={"stride": stride},
                                      val_fraction=0.1))
-    (xt, yt), (xv, yv) = sp.train, sp.val
+    (_, yt), (xv, yv) = sp.train, sp.val
     n = len(windows(stride)["train"])
     assert len(yv) == round(0.1 * n) and len(yt) == n - len(yv) - 32 // stride
     # positions in the token stream: window k starts at k*stride; train and val share none

@@ -16,7 +16,11 @@ def __getattr__(name):
         from triaccel.userdef import DataSplits
 
         return DataSplits
+    if name == "load_model":
+        from triaccel.saving import load_model
+
+        return load_model
     raise AttributeError(f"module 'triaccel' has no attribute {name!r}")
 
 
-__all__ = ["train", "search", "resume", "extend", "DataSplits", "TrainResult", "SearchResult"]
+__all__ = ["train", "search", "resume", "extend", "load_model", "DataSplits", "TrainResult", "SearchResult"]

@@ -26,6 +26,7 @@ class TrainResult:
     config: dict  # the configuration trained, as a dict (triaccel.config.to_dict)
     run_id: Optional[str] = None  # its MLflow run (None with tracking.enabled: false)
     tracking_uri: Optional[str] = None
+    model_path: Optional[str] = None  # save_dir's model.pt (triaccel.saving.load_model reads it); None without
 
 
 @dataclass
@@ -72,12 +73,16 @@ def load(config: str | os.PathLike | dict, model=None, data=None, overrides: lis
 
 
 def train(config: str | os.PathLike | dict, model: Callable | str | None = None, data: Callable | str | None = None,
-          overrides: list[str] | None = None, on_trainer: Callable | None = None) -> TrainResult:
+          overrides: list[str] | None = None, on_trainer: Callable | None = None, save_dir: str | None = None,
+          resume: bool = False) -> TrainResult:
     """Train one run. ``overrides``: ``key=value`` strings as `--set` takes; ``on_trainer(trainer)`` is
-    called before set-up."""
+    called before set-up. ``save_dir``: a folder for the run's checkpoint after every epoch and its trained
+    model (triaccel.saving); ``resume``: continue the run whose checkpoint is there."""
     cfg = load(config, model, data, overrides)
+    if resume and save_dir is None:
+        raise ConfigError("--resume: give --save DIR, the folder the run to continue saved its checkpoint in")
     with errors_named_with(config, overrides, model, data):
-        return run_config(cfg, on_trainer)
+        return run_config(cfg, on_trainer, save_dir=save_dir, resume=resume)
 
 
 @contextmanager
@@ -116,22 +121,36 @@ def _in_file(e: TriAccelError, config, overrides, model, data) -> TriAccelError:
     return type(e)(f"{config}: {msg}")
 
 
-def run_config(cfg, on_trainer: Callable | None = None) -> TrainResult:
+def run_config(cfg, on_trainer: Callable | None = None, save_dir: str | None = None,
+               resume: bool = False) -> TrainResult:
+    from triaccel import saving
     from triaccel.config import to_dict
     from triaccel.control import build_trainer
 
+    folder, saved = saving.open_folder(save_dir, resume) if save_dir is not None else (None, None)
+    if saved is not None:
+        saving.check_resumable(saved, to_dict(cfg), save_dir)
     callbacks = []
     logger = None
     if cfg.tracking.enabled:
         from triaccel.tracking import MLflowLogger
 
-        logger = MLflowLogger(cfg)
+        logger = MLflowLogger(cfg, resume_run_id=saved.get("mlflow_run_id") if saved else None)
+    if folder is not None:  # before the logger: an epoch logged is an epoch a resumed run will not train again
+        callbacks.append(saving.Checkpointer(folder, to_dict(cfg), logger))
+    if logger is not None:
         callbacks.append(logger)
     trainer = build_trainer(cfg, callbacks, setup=False)
     if on_trainer is not None:
         on_trainer(trainer)
     try:
         trainer.setup()
+        if saved is not None:
+            trainer.load_state_dict(saved["trainer"])
+            if logger is not None:
+                logger.catch_up(trainer)  # an epoch checkpointed but not logged before the run was killed
+            print(f"triaccel train: resumed from {folder / saving.LAST} after epoch {trainer.epoch} of "
+                  f"{cfg.epochs}", flush=True)
         test = f"{len(trainer.test_data)} test" if trainer.test_data is not None else "no test split"
         data_name = cfg.data.class_path or cfg.data.name
         print(f"triaccel train: {cfg.model.label()} on {data_name} ({len(trainer.train_data)} train / "
@@ -140,6 +159,7 @@ def run_config(cfg, on_trainer: Callable | None = None) -> TrainResult:
         from triaccel.errors import check_stop
 
         check_stop()  # a stop asked for after the last step: the run still ends KILLED
+        model_path = _save_model(trainer, cfg, summary, folder, logger)
         if logger is not None:  # inside: a disk that fills while the artifacts are written is one line too
             for cb in trainer.callbacks:
                 if hasattr(cb, "log_artifacts"):
@@ -163,7 +183,29 @@ def run_config(cfg, on_trainer: Callable | None = None) -> TrainResult:
         uri = tracking_uri(cfg.tracking.tracking_uri)
         print(f"MLflow run {logger.run_id} in experiment '{cfg.tracking.experiment}' at {shown(uri)}  (browse: "
               f"triaccel ui)")
-    return TrainResult(summary, to_dict(cfg), logger.run_id if logger is not None else None, uri)
+    if model_path is not None:
+        print(f"trained model: {model_path}  (triaccel.load_model reads it)")
+    return TrainResult(summary, to_dict(cfg), logger.run_id if logger is not None else None, uri,
+                       str(model_path) if model_path is not None else None)
+
+
+def _save_model(trainer, cfg, summary: dict, folder, logger):
+    """The trained model as ``model.pt`` (triaccel.saving.model_file): in ``folder`` where one was given, and in
+    the MLflow run's artifacts. Returns the folder's file (None without one)."""
+    from triaccel import saving
+
+    if folder is None and logger is None:
+        return None
+    content = saving.model_file(trainer, cfg, summary)
+    if folder is not None:
+        saving.write_atomic(content, folder / saving.MODEL)
+        if logger is not None:
+            logger.client.log_artifact(logger.run_id, str(folder / saving.MODEL))
+        return folder / saving.MODEL
+    with tempfile.TemporaryDirectory() as d:
+        saving.write_atomic(content, Path(d) / saving.MODEL)
+        logger.client.log_artifact(logger.run_id, str(Path(d) / saving.MODEL))
+    return None
 
 
 def _users_error(cfg, trainer, e: BaseException) -> ConfigError | None:

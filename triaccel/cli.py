@@ -35,7 +35,7 @@ def cmd_train(args) -> int:
     from triaccel.api import train
 
     _stop_at_a_step_on_sigterm()
-    train(args.config, overrides=args.set)
+    train(args.config, overrides=args.set, save_dir=args.save, resume=args.resume)
     return 0
 
 
@@ -86,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training config YAML (configs/*.yaml, or an exported one)")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set optim.lr=0.1 (repeatable)")
+    t.add_argument("--save", action=_Once, empty="an empty path; give a folder", metavar="DIR",
+                   help="write the training state to DIR/last.pt after every epoch and the trained model to "
+                        "DIR/model.pt (a folder holding an earlier run's is refused without --resume)")
+    t.add_argument("--resume", action="store_true",
+                   help="continue the run whose checkpoint is in --save DIR, after its last finished epoch")
     t.set_defaults(func=cmd_train)
 
     try:

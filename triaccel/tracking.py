@@ -303,16 +303,20 @@ class MLflowLogger(Callback):
     """Logs one training run: params (the resolved config, flattened), per-epoch metrics,
     the resolved config as an artifact, tags (git revision, device, mode), final summary."""
 
-    def __init__(self, cfg, parent_run_id: str | None = None, extra_tags: dict | None = None):
+    def __init__(self, cfg, parent_run_id: str | None = None, extra_tags: dict | None = None,
+                 resume_run_id: str | None = None):
         self.cfg = cfg
         self.parent_run_id = parent_run_id
         self.extra_tags = extra_tags or {}
+        self.resume_run_id = resume_run_id  # a resumed training's run (triaccel.saving): logged on into
         self.run_id: str | None = None
         self.client = None
 
     def on_setup(self, trainer):
         tc = self.cfg.tracking
         self.client = client(tc.tracking_uri)
+        if self.resume_run_id is not None and self._reopen():
+            return
         exp = ensure_experiment(self.client, tc.experiment, key="tracking.experiment")
         tags = {"git_revision": git_revision(), "device": str(trainer.device), "mode": self.cfg.mode,
                 "mem_source": trainer.meter.source, **machine_tags(trainer.device), **self.extra_tags}
@@ -326,6 +330,29 @@ class MLflowLogger(Callback):
         log_params(self.client, self.run_id, flatten({k: v for k, v in cfgd.items() if k != "provenance"}))
         # config.yaml: the run as a file to train again, without the keys it never reads (as an export)
         log_yaml_artifact(self.client, self.run_id, runnable_dict(self.cfg), "config.yaml")
+
+    def _reopen(self) -> bool:
+        """The resumed run's MLflow run, RUNNING again (a SIGKILL left it RUNNING; Ctrl-C closed it KILLED);
+        False where this store does not hold it (the resumed training then logs to a new run)."""
+        try:
+            run = self.client.get_run(self.resume_run_id)
+        except Exception:  # noqa: BLE001 -- another store, or the run deleted: a new run, tagged with the old id
+            self.extra_tags = {**self.extra_tags, "triaccel.resumed_from": self.resume_run_id}
+            return False
+        if run.info.lifecycle_stage != "active":
+            self.extra_tags = {**self.extra_tags, "triaccel.resumed_from": self.resume_run_id}
+            return False
+        self.run_id = run.info.run_id
+        self.client.update_run(self.run_id, status="RUNNING")
+        self.client.set_tag(self.run_id, "triaccel.resumed", "true")
+        return True
+
+    def catch_up(self, trainer) -> None:
+        """Log the restored epochs the run does not hold yet: a kill between the checkpoint and the log."""
+        have = {int(m.step) for m in self.client.get_metric_history(self.run_id, "epoch")}
+        for metrics in trainer.history.epochs:
+            if int(metrics["epoch"]) not in have:
+                log_metrics(self.client, self.run_id, metrics, step=metrics["epoch"])
 
     def on_epoch_end(self, trainer, metrics):
         log_metrics(self.client, self.run_id, metrics, step=metrics["epoch"])

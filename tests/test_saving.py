@@ -1,0 +1,92 @@
+"""triaccel.saving: a production run keeps its trained model, and with --save continues after a kill."""
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from _harness import user_env
+from conftest import ROOT
+
+QUICK = str(ROOT / "configs" / "quickstart.yaml")
+
+
+def train(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "triaccel.cli", "train", "--config", QUICK, *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=600, env=user_env())
+
+
+def runs(d):
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=f"sqlite:///{d}/mlruns/mlflow.db")
+    exp = c.get_experiment_by_name("triaccel-train")
+    return c, c.search_runs([exp.experiment_id])
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_training_resumes_into_its_run_and_ends_as_an_unkilled_one(tmp_path):
+    """`triaccel train` kept no model and no checkpoint: a run killed at epoch 3 of 4 was lost, its MLflow run
+    RUNNING for good. With --save DIR, DIR/last.pt after every epoch; --resume continues the same MLflow run
+    from it and ends with the weights and accuracy of a run never killed (fp32 on one CPU thread: exact)."""
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    r = train("--set", "epochs=4", "--save", "ck", cwd=whole)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "trained model: ck/model.pt" in r.stdout
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "train", "--config", QUICK, "--set", "epochs=4",
+                             "--save", "ck"], cwd=killed, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=user_env(), start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("epoch   2/4"):
+                proc.send_signal(signal.SIGKILL)
+                break
+        proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL and (killed / "ck" / "last.pt").is_file()
+    c, (run,) = runs(killed)
+    assert run.info.status == "RUNNING"  # what a SIGKILL leaves
+    # a folder holding a run is never started over, and a changed config is not resumed into it
+    r = train("--set", "epochs=4", "--save", "ck", cwd=killed)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "triaccel: error: --save ck: holds an earlier run's last.pt: `--resume` continues that run; another "
+        "folder starts a new one"), r.stderr
+    r = train("--set", "epochs=5", "--save", "ck", "--resume", cwd=killed)
+    assert r.returncode == 2 and "with epochs 4, this config has 5" in r.stderr, r.stderr
+    r = train("--set", "epochs=4", "--save", "ck", "--resume", cwd=killed)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "triaccel train: resumed from ck/last.pt after epoch " in r.stdout, r.stdout
+    c, (again,) = runs(killed)
+    assert again.info.run_id == run.info.run_id and again.info.status == "FINISHED"
+    assert sorted(m.step for m in c.get_metric_history(run.info.run_id, "epoch")) == [1, 2, 3, 4]  # each once
+    _, (w,) = runs(whole)
+    assert again.data.metrics["val_acc"] == w.data.metrics["val_acc"]
+    a, b = (torch.load(d / "ck" / "model.pt", weights_only=False) for d in (whole, killed))
+    assert a["model"].keys() == b["model"].keys() and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    # the model for inference, as trained, also in the MLflow run's artifacts
+    import triaccel
+
+    m = triaccel.load_model(killed / "ck" / "model.pt")
+    assert not m.training and all(torch.equal(v, b["model"][k]) for k, v in m.state_dict().items())
+    assert m(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
+    assert "model.pt" in [f.path for f in c.list_artifacts(run.info.run_id)]
+
+
+def test_load_model_of_a_file_that_is_not_one_is_one_line(tmp_path):
+    from triaccel.errors import ConfigError
+    from triaccel.saving import load_model
+
+    with pytest.raises(ConfigError, match=r"nope.pt: no such file$"):
+        load_model(tmp_path / "nope.pt")
+    torch.save({"weights": 1}, tmp_path / "other.pt")
+    with pytest.raises(ConfigError, match=r"other.pt: not a model.pt of triaccel train \(no model, config, build\)$"):
+        load_model(tmp_path / "other.pt")
+    (tmp_path / "text.pt").write_text("hello")
+    with pytest.raises(ConfigError, match=r"text.pt: not a model.pt of triaccel train \(UnpicklingError\)$"):
+        load_model(tmp_path / "text.pt")
