@@ -81,10 +81,12 @@ def train_command(state: dict, p) -> str:
     Python call that hands them again (the CLI would refuse the file)."""
     from triaccel.userref import handed_again
 
+    import shlex
+
     refs = state.get("callables") or {}
     if not refs:
-        return f"triaccel train --config {p}"
-    return f"triaccel.train('{p}', {handed_again(refs)}) from Python, handing the search's functions again"
+        return f"triaccel train --config {shlex.quote(str(p))}"  # pasted as printed, a space in the path too
+    return f"triaccel.train({str(p)!r}, {handed_again(refs)}) from Python, handing the search's functions again"
 
 
 def note_unfinished(name: str, finished: bool | None) -> None:

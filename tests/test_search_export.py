@@ -154,3 +154,16 @@ def test_the_export_evaluates_the_test_split_and_says_so_where_the_space_said_fa
             cfg, _, _ = exported_config(space, pick, None)
             assert cfg.evaluate_test is True, (written, pick.kind)
         assert test_said_false(space) is (written is False)
+
+
+def test_the_printed_train_command_runs_as_pasted_with_a_space_in_the_path():
+    """`train with \`triaccel train --config exp 2.yaml\`` was printed for --out "exp 2.yaml": pasted, it was
+    `unrecognized arguments: 2.yaml`."""
+    import shlex
+    from pathlib import Path
+
+    from triaccel.search.export import train_command
+
+    said = train_command({}, Path("my dir/exp 2.yaml"))
+    assert shlex.split(said) == ["triaccel", "train", "--config", "my dir/exp 2.yaml"]
+    assert train_command({}, Path("tuned.yaml")) == "triaccel train --config tuned.yaml"
