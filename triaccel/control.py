@@ -446,7 +446,8 @@ class TriAccelLoop(Callback):
     def _apply_batch(self, tr, bd) -> None:
         if bd.action == "settle":
             costs = ", ".join(f"{k}: {v / GiB * 1e6:.3g}" for k, v in sorted(self.batch.costs.items()))
-            self.log(f"[batch] settled at B={bd.batch} " + (f"(cost per example by size: {costs} GiB*us)" if costs
+            why = f"{self.batch.why}; " if self.batch.why else ""
+            self.log(f"[batch] settled at B={bd.batch} " + (f"({why}cost per example by size: {costs} GiB*us)" if costs
                                                              else "(no size was measured)"))
             b = self.batch
             if b.over_budget:

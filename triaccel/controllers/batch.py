@@ -216,6 +216,7 @@ class BatchController:
         self.direction = -1  # a smaller size first (its peak is below the start's)
         self.start = self.elastic  # B0 (paper mode) or the first micro-batch (constant mode)
         self.rechecked = False  # the start measured a second time before settling elsewhere
+        self.why = ""  # why the settled size is not the cheapest measured, where it is not (the log says it)
         self.rechecking = False  # the window being measured is that second look
         # the exploration's one-off seconds: the run's examples (epochs x the training split) bound them
         self.run_examples = run_examples
@@ -466,6 +467,8 @@ class BatchController:
         """End exploring now, at the cheapest size measured (the current one if none was)."""
         best = self._cheapest() if self.costs else self.elastic
         if self.rechecking:  # the second look at B0 is running and was not measured: B0 stays (the run is there)
+            self.why = (f"the start: exploring ended during its second measurement, which B={best} needed "
+                        f"to replace it") if best != self.elastic else ""
             best = self.elastic
         return self._settle(best, self.obs[-1][1] / self.budget if self.obs else 0.0)
 
@@ -474,7 +477,11 @@ class BatchController:
         size among them counts as better, by the rule exploring uses), the nearest to the start."""
         low = min(self.costs.values())
         near = [k for k, v in self.costs.items() if (1 - self.cfg.explore_tol) * v <= low]
-        return min(near, key=lambda k: (abs(math.log(k / self.start)), k))
+        pick = min(near, key=lambda k: (abs(math.log(k / self.start)), k))
+        cheapest = min(self.costs, key=self.costs.get)
+        self.why = (f"within explore_tol ({self.cfg.explore_tol:g}) of B={cheapest}'s cost, and nearer the start"
+                    if pick != cheapest else "")
+        return pick
 
     def _settle(self, size: int, frac: float) -> BatchDecision:
         self.exploring = self.rechecking = False
