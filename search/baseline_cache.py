@@ -8,8 +8,9 @@ package version and git revision, or a hash of the package source where the tree
 revision), the user's model and data code where a class_path names it (``user_code``: the
 package's sources, or a handed function's script, source and plain globals), and the data files
 (``data_files``: each file's path under its folder, size and modification time, for ``data.data_dir``
-and every path the model's and data's ``init_args`` name). A file changed in place with its size and
-time kept is not seen: ``--fresh-baselines`` re-measures. A new search looks in its MLflow store for a FINISHED baseline run of the same key that
+and every path the model's and data's ``init_args`` name) and, for the user's data factory, a hash of the
+tensors it returned (``data_content``: a file it finds by itself counts too). A built-in dataset's file
+changed in place with its size and time kept is not seen: ``--fresh-baselines`` re-measures. A new search looks in its MLflow store for a FINISHED baseline run of the same key that
 reached its epochs, and logs a child run of its own that copies the source's params and every
 metric's history, tagged ``triaccel.reused_from`` (the run first trained), ``..._search`` and
 ``..._date``: the rules, the summary and the UI read it as a baseline trained today. The store is
@@ -351,6 +352,10 @@ def reuse_key(cfg) -> str:
     doc = {"settings": settings(cfg), "device": device_model(cfg.device), **versions()}
     if code := user_code(cfg):  # the shipped models and data: their code is the project's (versions)
         doc["user_code"] = code
+    if cfg.data.class_path is not None:  # what the user's factory returned, wherever it read it from; first:
+        from triaccel.userdef import data_fingerprint  # a factory that fetches its files has them after this
+
+        doc["data_content"] = data_fingerprint(cfg.data)
     if files := data_files(cfg):  # the shipped data sets without a folder (digits, the corpora): none
         doc["data_files"] = files
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:32]

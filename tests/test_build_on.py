@@ -224,6 +224,10 @@ def fetched(source, root):  # the user's data, fetched into root on first use (a
     if not os.path.exists(os.path.join(root, "d.pt")):
         shutil.copyfile(source, os.path.join(root, "d.pt"))
     return saved(os.path.join(root, "d.pt"))
+
+
+def hidden():  # nanoGPT's way: the factory finds its file by itself, named in no setting
+    return saved("data/hidden.pt")
 """
 
 
@@ -270,6 +274,26 @@ def test_a_search_after_its_data_file_changed_measures_the_baseline_again(tmp_st
     space = parse_space(fetch)
     assert measured("f1") and (tmp_path / "fetched" / "d.pt").is_file()
     assert not measured("f2")  # keyed by the data the first run left, not by the empty place it started from
+    # a file the factory finds by itself, changed in place (same size): each search's start loads the data
+    # (check_references) and keys its baselines by what the factory returned
+    from triaccel.userref import check_references
+
+    (tmp_path / "data").mkdir()
+    torch.save((torch.tensor(x[:500], dtype=torch.float32).unsqueeze(1) / 16, torch.tensor(y[:500])),
+               "data/hidden.pt")
+    own = copy.deepcopy(space.raw)
+    own["train"]["data"] = {"class_path": "bopkg.data.hidden", "val_fraction": 0.15}
+    space = parse_space(own)
+
+    def search_measured(name):
+        check_references(space.raw["train"])
+        return measured(name)
+
+    assert search_measured("h1") and not search_measured("h2")
+    torch.save((torch.tensor(x[500:1000], dtype=torch.float32).unsqueeze(1) / 16, torch.tensor(y[500:1000])),
+               "data/hidden.pt")  # other digits, same shapes
+    assert search_measured("h3")  # was reused: trials judged against a baseline trained on the old data
+    assert not search_measured("h4")
 
 
 def test_a_reused_baseline_costs_the_search_no_device_time():

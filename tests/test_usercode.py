@@ -787,6 +787,19 @@ def test_uint8_images_are_images_to_the_model_and_a_model_that_cannot_take_them_
         build_trainer(load({**base, "model": {"name": "small_cnn"}}, data=uint8_images), [], log=lambda *a: None)
 
 
+def test_a_vocabulary_smaller_than_the_token_ids_is_named(tmp_path):
+    """--set model.init_args.vocab_size=20 over ids up to 49 was 'IndexError: index out of range in self'."""
+    from triaccel.api import load
+    from triaccel.control import build_trainer
+    from triaccel.errors import ConfigError
+
+    base = {"mode": "amp", "epochs": 1, "batch_size": 16, "device": "cpu", "tracking": {"enabled": False},
+            "model": {"init_args": {"vocab_size": 20, "num_classes": 50}}, "data": {"init_args": {"stride": 8}}}
+    with pytest.raises(ConfigError, match=r"IndexError: index out of range in self; its token ids go up to 4\d: the "
+                                          r"model's embedding must have more rows \(its vocab_size"):
+        build_trainer(load(base, model=NextToken, data=windows), [], log=lambda *a: None)
+
+
 def test_a_stray_label_that_sizes_the_head_is_said(capsys):
     """One label of 50 among 0-9 made a 51-way head without a word."""
     from triaccel.config import DataConfig

@@ -257,6 +257,9 @@ class PrecisionConfig:
     # ratios 0.08 .. 112, the fc layer highest, the stem conv 44; every 16-bit plan is the fastest
     # measured on an H200 (fp16 captured B=96: 1.19 s/epoch, bf16 1.37, all FP32 1.86 and 1.5x the memory).
     tau_low: Optional[float] = None
+    # unset: the scale's default, or 10x tau_low where tau_low is set at or above that default (a tau_low
+    # of 1e5 under the relative scale makes tau_high 1e6: every layer below both, FP16); unset tau_low
+    # beside a set tau_high is the default or tau_high / 10, whichever is lower
     tau_high: Optional[float] = None
     beta: float = 0.9  # EMA smoothing of the per-layer gradient variance
     hysteresis: float = 0.1  # relative band around each threshold a layer must cross to move

@@ -213,8 +213,9 @@ def carve_val(x: torch.Tensor, y: torch.Tensor, fraction: float, seed: int) -> t
     return (x[:max(cut - gap, 0)], y[:max(cut - gap, 0)]), (x[cut:], y[cut:])
 
 
-def load_user_splits(dc) -> UserSplits:
-    """Call data.class_path's factory and bring what it returns to tensors, with the validation split."""
+def load_user_splits(dc, fingerprint: bool = False) -> UserSplits:
+    """Call data.class_path's factory and bring what it returns to tensors, with the validation split.
+    ``fingerprint``: also keep the hash of what it returned (data_fingerprint)."""
     key = "data.class_path"
     out = call(resolve(dc.class_path, key), dict(dc.init_args), key, dc.class_path)
     if isinstance(out, (torch.utils.data.Dataset, list, tuple)) or _part(out, "train") is None:
@@ -264,7 +265,44 @@ def load_user_splits(dc) -> UserSplits:
     high = max(int(s[1].max()) for s in (train, val, test) if s is not None)
     if high >= nc:
         raise DataError(f"{key} {dc.class_path}: a target is {high}, outside {classes}")
-    return UserSplits(train, val, test, dict(meta), nc)
+    out = UserSplits(train, val, test, dict(meta), nc)
+    if fingerprint:
+        FINGERPRINTS[_data_key(dc)] = content_hash(out)
+    return out
+
+
+# data settings -> the hash of the splits they loaded (content_hash), for the baseline cache's key
+FINGERPRINTS: dict[str, str] = {}
+
+
+def _data_key(dc) -> str:
+    import json
+
+    return json.dumps([dc.class_path, dc.init_args, dc.val_fraction, dc.split_seed], sort_keys=True, default=str)
+
+
+def content_hash(sp: UserSplits) -> str:
+    """A hash of every split's tensors, bytes, shapes and types: what the data factory returned, wherever it
+    read it from (a file it finds by itself, a download) and however it changed (in place, same size)."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+    for split in (sp.train, sp.val, sp.test):
+        for t in split or ():
+            t = t.detach().cpu().contiguous()
+            h.update(f"{tuple(t.shape)}{t.dtype};".encode())
+            h.update(memoryview(t.view(torch.uint8).numpy()) if t.numel() else b"")
+    h.update(repr(sorted(sp.meta.items())).encode())
+    return h.hexdigest()
+
+
+def data_fingerprint(dc) -> str:
+    """The content hash of the data ``dc`` loads: from this process's earlier load where it asked for one
+    (a search's driver checks the user's code first), else loaded now."""
+    key = _data_key(dc)
+    if key not in FINGERPRINTS:
+        load_user_splits(dc, fingerprint=True)
+    return FINGERPRINTS[key]
 
 
 class TensorData:
@@ -395,6 +433,9 @@ def check_user_forward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
                 return
             hint = ("; the data's images are uint8, passed as they are: convert them in the model (x.float() / 255) "
                     "or return float tensors") if x.dtype == torch.uint8 and x.dim() == 4 else ""
+            if isinstance(e, IndexError) and not x.is_floating_point() and x.numel():
+                hint = (f"; its token ids go up to {int(x.max())}: the model's embedding must have more rows "
+                        f"(its vocab_size, from model.init_args or the data's meta)")
             raise ConfigError(f"{key}: {ref}'s forward failed on a batch of the data (inputs {tuple(x.shape)} "
                               f"{str(x.dtype).replace('torch.', '')}): {said(e)}{hint}") from None
         kind = "[batch, positions, vocabulary] for a language model" if y.dim() > 1 else "[batch, classes]"

@@ -218,8 +218,8 @@ def check_references(train: dict) -> None:
     from triaccel.models import build_model
     from triaccel.userdef import check_model_takes, load_user_splits
 
-    if cfg.data.class_path is not None:
-        sp = load_user_splits(cfg.data)
+    if cfg.data.class_path is not None:  # its hash kept: the baselines' reuse key (search.baseline_cache)
+        sp = load_user_splits(cfg.data, fingerprint=True)
         info = (sp.num_classes, sp.in_channels, sp.image_size, sp.meta)
     else:
         sp = load_splits(cfg.data)
