@@ -173,6 +173,21 @@ def test_triaccel_train_logs_the_control_trajectory(tmp_path):
     assert any(a.endswith(".json") for a in arts) and any(a.endswith(".csv") for a in arts), arts
 
 
+def test_a_triaccel_section_a_static_run_does_not_read_is_said_and_not_recorded_as_its_settings(tmp_path):
+    """An exported triaccel config trained with --set mode=amp (or a triaccel section beside mode amp) ran
+    static, and its MLflow params said triaccel.precision.tau_low 5.0 as if it had trained that way."""
+    r = run_cli("train", "--config", str(ROOT / "configs" / "quickstart_triaccel.yaml"), "--set", "mode=fp32",
+                "--set", "epochs=1", "--set", "triaccel.precision.tau_low=1e-5", cwd=tmp_path,
+                env_extra={"MLFLOW_TRACKING_URI": ""})
+    assert r.returncode == 0, r.stderr
+    assert "triaccel: note: mode fp32 reads no triaccel.* key: this config's " in r.stderr, r.stderr
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    (run,) = c.search_runs([c.get_experiment_by_name("triaccel-train").experiment_id])
+    assert run.data.params["mode"] == "fp32" and not [k for k in run.data.params if k.startswith("triaccel.")]
+
+
 def test_reading_the_command_line_imports_no_torch():
     """`triaccel --help` imported torch (through triaccel.profile) and took 2 s, and a Ctrl-C in those
     seconds printed a traceback: the parser is built from light modules only."""

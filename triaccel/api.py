@@ -127,6 +127,7 @@ def run_config(cfg, on_trainer: Callable | None = None, save_dir: str | None = N
     from triaccel.config import to_dict
     from triaccel.control import build_trainer
 
+    note_unread_triaccel(cfg)
     folder, saved = saving.open_folder(save_dir, resume) if save_dir is not None else (None, None)
     if saved is not None:
         saving.check_resumable(saved, to_dict(cfg), save_dir)
@@ -187,6 +188,23 @@ def run_config(cfg, on_trainer: Callable | None = None, save_dir: str | None = N
         print(f"trained model: {model_path}  (triaccel.load_model reads it)")
     return TrainResult(summary, to_dict(cfg), logger.run_id if logger is not None else None, uri,
                        str(model_path) if model_path is not None else None)
+
+
+def note_unread_triaccel(cfg) -> None:
+    """Say on stderr where a static or fp32 run's config sets triaccel keys: they are not read (a tuned
+    triaccel config trained with --set mode=amp for comparison is meant; a typo'd mode is not)."""
+    import sys
+
+    from triaccel.config import TrainConfig, flatten, to_dict
+
+    if cfg.mode == "triaccel":
+        return
+    default = flatten(to_dict(TrainConfig())["triaccel"])
+    set_ = [k for k, v in flatten(to_dict(cfg)["triaccel"]).items() if default.get(k) != v]
+    if set_:
+        print(f"triaccel: note: mode {cfg.mode} reads no triaccel.* key: this config's "
+              f"{', '.join('triaccel.' + k for k in set_[:3])}{' ...' if len(set_) > 3 else ''} are not used "
+              f"(nor recorded with the run)", file=sys.stderr, flush=True)
 
 
 def _save_model(trainer, cfg, summary: dict, folder, logger):

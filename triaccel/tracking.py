@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from triaccel.config import flatten, runnable_dict, to_dict
+from triaccel.config import flatten, runnable_dict
 from triaccel.errors import ConfigError
 from triaccel.hooks import Callback
 
@@ -324,12 +324,13 @@ class MLflowLogger(Callback):
             tags["mlflow.parentRunId"] = self.parent_run_id
         run = self.client.create_run(exp, run_name=tc.run_name or fresh_run_name(), tags=tags)
         self.run_id = run.info.run_id
-        cfgd = to_dict(self.cfg)
-        # the provenance of an exported config is free text (keys MLflow refuses as param names, 36 params
-        # such as provenance.metrics.efficiency beside the run's own): in config.yaml only
+        # the keys the run reads (runnable_dict): a triaccel section under mode amp was recorded as params as if
+        # it had trained that way. The provenance of an exported config is free text (keys MLflow refuses as
+        # param names, 36 params such as provenance.metrics.efficiency beside the run's own): in config.yaml only
+        cfgd = runnable_dict(self.cfg)
         log_params(self.client, self.run_id, flatten({k: v for k, v in cfgd.items() if k != "provenance"}))
         # config.yaml: the run as a file to train again, without the keys it never reads (as an export)
-        log_yaml_artifact(self.client, self.run_id, runnable_dict(self.cfg), "config.yaml")
+        log_yaml_artifact(self.client, self.run_id, cfgd, "config.yaml")
 
     def _reopen(self) -> bool:
         """The resumed run's MLflow run, RUNNING again (a SIGKILL left it RUNNING; Ctrl-C closed it KILLED);
