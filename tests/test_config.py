@@ -19,6 +19,11 @@ def test_unknown_key_names_the_dotted_key(tmp_path):
     p.write_text("optim:\n  lrr: 0.1\n")
     with pytest.raises(ConfigError, match=r"c.yaml: optim.lrr: unknown key"):
         load_config(p)
+    # a factory's argument beside its class_path, as Hydra writes it: the key it belongs under is named
+    p.write_text("model:\n  class_path: pkg.GPT\n  n_layer: 2\n")
+    with pytest.raises(ConfigError, match=r"c.yaml: model.n_layer: unknown key \(valid: .*\); model.class_path's "
+                                          r"arguments go in model.init_args \(model.init_args.n_layer\)$"):
+        load_config(p)
 
 
 @pytest.mark.parametrize("data,match", [

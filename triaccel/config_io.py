@@ -105,7 +105,11 @@ def from_dict(cls, data: dict, prefix: str = ""):
     names = {f.name for f in dataclasses.fields(cls)}
     for k in data:
         if k not in names:
-            raise ConfigError(f"{prefix}{k}: {unknown_key(k, names)}")
+            beside = ("class_path" in names and data.get("class_path") is not None and "init_args" in names
+                      and not did_you_mean(k, names))
+            # a factory's argument written beside its path, as Hydra and Lightning's CLI write it
+            hint = f"; {prefix}class_path's arguments go in {prefix}init_args ({prefix}init_args.{k})" if beside else ""
+            raise ConfigError(f"{prefix}{k}: {unknown_key(k, names)}{hint}")
     if cls in PREPARE:  # a section whose keys fill in others (triaccel.policy)
         data = PREPARE[cls](data)
     kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
