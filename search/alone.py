@@ -82,7 +82,7 @@ def default_confirm(confirm: int | None, shared: int, gpu: bool | None = None, n
     if shared > 1:
         after = f" (after the search: `{again('resume', name, '--confirm K')}`)" if name else ""
         print(f"note: {shared} trials at a time shared this machine's CPUs while the baselines ran alone: their "
-              f"ratios read low; --confirm K re-runs the top K alone before export{after}", flush=True)
+              f"ratios are not like for like (most often low; high where the baselines' threads met a busy machine); --confirm K re-runs the top K alone before export{after}", flush=True)
     return 0
 
 

@@ -110,7 +110,9 @@ def cmd_searches(args) -> int:
         ratio = f"{r['ratio']:.2f}" if r.get("ratio") is not None else "-"
         # a finished search says so: `done 6/8` would read as unfinished where ASHA stopped two early
         done = "finished" if r.get("search_finished") else f"{r.get('finished', '?')}/{r.get('trials', '?')}"
-        print(f"{r['name']:<24} {str(r['space'])[-34:]:<34} {r['created']:<20} {done:>8} {r.get('failed', '?'):>6} "
+        space = str(r["space"])
+        space = space if len(space) <= 34 else "..." + space[-31:]  # the file's name kept, the cut said
+        print(f"{r['name']:<24} {space:<34} {r['created']:<20} {done:>8} {r.get('failed', '?'):>6} "
               f"{best:>10} {ratio:>7} {r.get('exports') or '-':>8}  {run_state(r)}")
         if r.get("error"):  # an unreadable state or store: say why the row has no figures
             print(f"  {r['name']}: {r['error']}")
