@@ -59,6 +59,19 @@ def test_a_run_killed_mid_training_resumes_into_its_run_and_ends_as_an_unkilled_
         "folder starts a new one"), r.stderr
     r = train("--set", "epochs=5", "--save", "ck", "--resume", cwd=killed)
     assert r.returncode == 2 and "with epochs 4, this config has 5" in r.stderr, r.stderr
+    # elsewhere than its MLflow store the run would fork, its own left RUNNING; a folder another training
+    # holds is refused (two resumes at once logged every epoch twice)
+    env = dict(user_env(), MLFLOW_TRACKING_URI=f"sqlite:///{killed}/other.db")
+    r = subprocess.run([sys.executable, "-m", "triaccel.cli", "train", "--config", QUICK, "--set", "epochs=4",
+                        "--save", "ck", "--resume"], cwd=killed, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 2 and "resume with MLFLOW_TRACKING_URI=sqlite:///mlruns/mlflow.db" in r.stderr, r.stderr
+    import fcntl
+
+    with open(killed / "ck" / "train.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        r = train("--set", "epochs=4", "--save", "ck", "--resume", cwd=killed)
+    assert r.returncode == 2 and r.stderr.strip() == ("triaccel: error: --save ck: another training is using this "
+                                                      "folder now; wait for it to end, or save elsewhere"), r.stderr
     r = train("--set", "epochs=4", "--save", "ck", "--resume", cwd=killed)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "triaccel train: resumed from ck/last.pt after epoch " in r.stdout, r.stdout
@@ -76,6 +89,35 @@ def test_a_run_killed_mid_training_resumes_into_its_run_and_ends_as_an_unkilled_
     assert not m.training and all(torch.equal(v, b["model"][k]) for k, v in m.state_dict().items())
     assert m(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
     assert "model.pt" in [f.path for f in c.list_artifacts(run.info.run_id)]
+    # a finished run is not resumed (its final metrics were logged a second time)
+    r = train("--set", "epochs=4", "--save", "ck", "--resume", cwd=killed)
+    assert r.returncode == 2 and "has finished (its model is ck/model.pt): nothing is left to train" in r.stderr
+
+
+@pytest.mark.slow
+def test_a_run_killed_in_its_first_epoch_resumes_into_its_run(tmp_path):
+    """A SIGKILL before the first epoch ended left no checkpoint, and its MLflow run RUNNING for good: the
+    checkpoint is written when the run starts too."""
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "train", "--config", QUICK, "--set", "epochs=2",
+                             "--save", "ck"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=user_env(), start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("triaccel train: "):  # set up; its first epoch trains
+                proc.send_signal(signal.SIGKILL)
+                break
+        proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert (tmp_path / "ck" / "last.pt").is_file()
+    r = train("--set", "epochs=2", "--save", "ck", "--resume", cwd=tmp_path)
+    assert r.returncode == 0 and "resumed from ck/last.pt after epoch " in r.stdout, r.stderr[-2000:]
+    c, (run,) = runs(tmp_path)
+    assert run.info.status == "FINISHED" and "failure_reason" not in run.data.tags
+    assert sorted(m.step for m in c.get_metric_history(run.info.run_id, "epoch")) == [1, 2]
+    assert [m.step for m in c.get_metric_history(run.info.run_id, "final_val_acc")] == [2]
+    assert not list((tmp_path / "ck").glob(".*.tmp"))
 
 
 def test_load_model_of_a_file_that_is_not_one_is_one_line(tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Optional
@@ -123,22 +123,36 @@ def _in_file(e: TriAccelError, config, overrides, model, data) -> TriAccelError:
 
 def run_config(cfg, on_trainer: Callable | None = None, save_dir: str | None = None,
                resume: bool = False) -> TrainResult:
+    """Train ``cfg``; with ``save_dir`` in that folder, held by this run alone (triaccel.saving)."""
+    from triaccel import saving
+
+    note_unread_triaccel(cfg)
+    with (saving.save_folder(save_dir, resume) if save_dir is not None else nullcontext((None, None))) as held:
+        return _run(cfg, on_trainer, save_dir, *held)
+
+
+def _run(cfg, on_trainer, save_dir, folder, saved) -> TrainResult:
     from triaccel import saving
     from triaccel.config import to_dict
     from triaccel.control import build_trainer
 
-    note_unread_triaccel(cfg)
-    folder, saved = saving.open_folder(save_dir, resume) if save_dir is not None else (None, None)
+    uri = None
+    if cfg.tracking.enabled:
+        from triaccel.tracking import tracking_uri
+
+        uri = tracking_uri(cfg.tracking.tracking_uri, write=False)  # made where the run first logs
     if saved is not None:
-        saving.check_resumable(saved, to_dict(cfg), save_dir)
+        saving.check_resumable(saved, to_dict(cfg), save_dir, uri)
     callbacks = []
     logger = None
     if cfg.tracking.enabled:
         from triaccel.tracking import MLflowLogger
 
         logger = MLflowLogger(cfg, resume_run_id=saved.get("mlflow_run_id") if saved else None)
+    checkpointer = None
     if folder is not None:  # before the logger: an epoch logged is an epoch a resumed run will not train again
-        callbacks.append(saving.Checkpointer(folder, to_dict(cfg), logger))
+        checkpointer = saving.Checkpointer(folder, to_dict(cfg), logger, uri)
+        callbacks.append(checkpointer)
     if logger is not None:
         callbacks.append(logger)
     trainer = build_trainer(cfg, callbacks, setup=False)
@@ -146,6 +160,8 @@ def run_config(cfg, on_trainer: Callable | None = None, save_dir: str | None = N
         on_trainer(trainer)
     try:
         trainer.setup()
+        if checkpointer is not None and saved is None:  # a kill in the first epoch resumes into this run too
+            checkpointer.save(trainer)
         if saved is not None:
             trainer.load_state_dict(saved["trainer"])
             if logger is not None:
@@ -177,11 +193,9 @@ def run_config(cfg, on_trainer: Callable | None = None, save_dir: str | None = N
     if "test_acc" in summary:
         line += f"  test acc {summary['test_acc']:.2f}%"
     print(line)
-    uri = None
     if logger is not None:
-        from triaccel.tracking import shown, tracking_uri
+        from triaccel.tracking import shown
 
-        uri = tracking_uri(cfg.tracking.tracking_uri)
         print(f"MLflow run {logger.run_id} in experiment '{cfg.tracking.experiment}' at {shown(uri)}  (browse: "
               f"triaccel ui)")
     if model_path is not None:

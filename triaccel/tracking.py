@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -309,6 +310,7 @@ class MLflowLogger(Callback):
         self.parent_run_id = parent_run_id
         self.extra_tags = extra_tags or {}
         self.resume_run_id = resume_run_id  # a resumed training's run (triaccel.saving): logged on into
+        self.logged: set = set()  # the metrics a resumed run already holds
         self.run_id: str | None = None
         self.client = None
 
@@ -337,15 +339,19 @@ class MLflowLogger(Callback):
         False where this store does not hold it (the resumed training then logs to a new run)."""
         try:
             run = self.client.get_run(self.resume_run_id)
-        except Exception:  # noqa: BLE001 -- another store, or the run deleted: a new run, tagged with the old id
+        except Exception:  # noqa: BLE001 -- the run deleted for good: a new run, tagged with the old id
+            run = None
+        if run is None or run.info.lifecycle_stage != "active":
             self.extra_tags = {**self.extra_tags, "triaccel.resumed_from": self.resume_run_id}
-            return False
-        if run.info.lifecycle_stage != "active":
-            self.extra_tags = {**self.extra_tags, "triaccel.resumed_from": self.resume_run_id}
+            print(f"triaccel: note: the MLflow run {self.resume_run_id} this training logged to is deleted: the "
+                  f"resumed run logs to a new one (tag triaccel.resumed_from)", file=sys.stderr, flush=True)
             return False
         self.run_id = run.info.run_id
+        self.logged = set(run.data.metrics)  # a kill in the final evaluation: its final_* not logged twice
         self.client.update_run(self.run_id, status="RUNNING")
         self.client.set_tag(self.run_id, "triaccel.resumed", "true")
+        if "failure_reason" in run.data.tags:  # the stop that ended it: not why the run ends now
+            self.client.delete_tag(self.run_id, "failure_reason")
         return True
 
     def catch_up(self, trainer) -> None:
@@ -359,7 +365,9 @@ class MLflowLogger(Callback):
         log_metrics(self.client, self.run_id, metrics, step=metrics["epoch"])
 
     def on_fit_end(self, trainer, summary):
-        log_metrics(self.client, self.run_id, {f"final_{k}": v for k, v in summary.items()}, step=trainer.epoch)
+        final = {f"final_{k}": v for k, v in summary.items()}
+        log_metrics(self.client, self.run_id, {k: v for k, v in final.items() if k not in self.logged},
+                    step=trainer.epoch)
 
     def finish(self, status: str = "FINISHED", reason: str | None = None) -> None:
         if self.client is None or self.run_id is None:
