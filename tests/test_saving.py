@@ -17,6 +17,23 @@ def train(*args, cwd):
                           capture_output=True, text=True, timeout=600, env=user_env())
 
 
+def killed_at(prefix, *args, cwd):
+    """`triaccel train --config QUICK ARGS`, SIGKILLed as it prints a line starting with ``prefix``: its exit status."""
+    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "train", "--config", QUICK, *args], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=user_env(),
+                            start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith(prefix):
+                proc.send_signal(signal.SIGKILL)
+                break
+        proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode
+
+
 def runs(d):
     from mlflow.tracking import MlflowClient
 
@@ -37,19 +54,8 @@ def test_a_run_killed_mid_training_resumes_into_its_run_and_ends_as_an_unkilled_
     assert "trained model: ck/model.pt" in r.stdout
     killed = tmp_path / "killed"
     killed.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "train", "--config", QUICK, "--set", "epochs=4",
-                             "--save", "ck"], cwd=killed, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=user_env(), start_new_session=True)
-    try:
-        for line in proc.stdout:
-            if line.startswith("epoch   2/4"):
-                proc.send_signal(signal.SIGKILL)
-                break
-        proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == -signal.SIGKILL and (killed / "ck" / "last.pt").is_file()
+    assert killed_at("epoch   2/4", "--set", "epochs=4", "--save", "ck", cwd=killed) == -signal.SIGKILL
+    assert (killed / "ck" / "last.pt").is_file()
     c, (run,) = runs(killed)
     assert run.info.status == "RUNNING"  # what a SIGKILL leaves
     # a folder holding a run is never started over, and a changed config is not resumed into it
@@ -98,18 +104,8 @@ def test_a_run_killed_mid_training_resumes_into_its_run_and_ends_as_an_unkilled_
 def test_a_run_killed_in_its_first_epoch_resumes_into_its_run(tmp_path):
     """A SIGKILL before the first epoch ended left no checkpoint, and its MLflow run RUNNING for good: the
     checkpoint is written when the run starts too."""
-    proc = subprocess.Popen([sys.executable, "-m", "triaccel.cli", "train", "--config", QUICK, "--set", "epochs=2",
-                             "--save", "ck"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=user_env(), start_new_session=True)
-    try:
-        for line in proc.stdout:
-            if line.startswith("triaccel train: "):  # set up; its first epoch trains
-                proc.send_signal(signal.SIGKILL)
-                break
-        proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    # the line said once set up, as its first epoch trains
+    assert killed_at("triaccel train: ", "--set", "epochs=2", "--save", "ck", cwd=tmp_path) == -signal.SIGKILL
     assert (tmp_path / "ck" / "last.pt").is_file()
     r = train("--set", "epochs=2", "--save", "ck", "--resume", cwd=tmp_path)
     assert r.returncode == 0 and "resumed from ck/last.pt after epoch " in r.stdout, r.stderr[-2000:]
