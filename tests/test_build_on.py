@@ -84,9 +84,12 @@ def test_reuse_key_follows_the_users_model_and_data_code(tmp_path, monkeypatch):
     (pkg / "__init__.py").write_text("")
     (pkg / "models.py").write_text("def build(num_classes, width=32):\n    return width\n")
     (pkg / "layers.py").write_text("DEPTH = 2\n")
+    # a data factory is called for its key too: the tensors it returns are in it (test_a_search_after_its_data...)
+    (pkg / "data.py").write_text("import torch\nfrom torch.utils.data import TensorDataset\n\n\ndef build():\n"
+                                 "    return {'train': TensorDataset(torch.zeros(20, 1, 8, 8), torch.arange(20) % 2)}\n")
     monkeypatch.chdir(tmp_path)
     before = key("ucpkg_key.models.build")
-    assert key("ucpkg_key.models.build") == before and key("ucpkg_key.models.build", "data") != before
+    assert key("ucpkg_key.models.build") == before and key("ucpkg_key.data.build", "data") != before
     (pkg / "layers.py").write_text("DEPTH = 3\n")  # a module the factory may import from
     assert key("ucpkg_key.models.build") != before
     # a library installed in site-packages: its version, not its thousands of files
