@@ -136,22 +136,18 @@ def _run(cfg, on_trainer, save_dir, folder, saved) -> TrainResult:
     from triaccel.config import to_dict
     from triaccel.control import build_trainer
 
-    uri = None
+    cfg_dict = to_dict(cfg)
+    uri = logger = checkpointer = None
     if cfg.tracking.enabled:
-        from triaccel.tracking import tracking_uri
+        from triaccel.tracking import MLflowLogger, tracking_uri
 
         uri = tracking_uri(cfg.tracking.tracking_uri, write=False)  # made where the run first logs
-    if saved is not None:
-        saving.check_resumable(saved, to_dict(cfg), save_dir, uri)
-    callbacks = []
-    logger = None
-    if cfg.tracking.enabled:
-        from triaccel.tracking import MLflowLogger
-
         logger = MLflowLogger(cfg, resume_run_id=saved.get("mlflow_run_id") if saved else None)
-    checkpointer = None
+    if saved is not None:
+        saving.check_resumable(saved, cfg_dict, save_dir, uri)
+    callbacks = []
     if folder is not None:  # before the logger: an epoch logged is an epoch a resumed run will not train again
-        checkpointer = saving.Checkpointer(folder, to_dict(cfg), logger, uri)
+        checkpointer = saving.Checkpointer(folder, cfg_dict, logger, uri)
         callbacks.append(checkpointer)
     if logger is not None:
         callbacks.append(logger)
@@ -200,7 +196,7 @@ def _run(cfg, on_trainer, save_dir, folder, saved) -> TrainResult:
               f"triaccel ui)")
     if model_path is not None:
         print(f"trained model: {model_path}  (triaccel.load_model reads it)")
-    return TrainResult(summary, to_dict(cfg), logger.run_id if logger is not None else None, uri,
+    return TrainResult(summary, cfg_dict, logger.run_id if logger is not None else None, uri,
                        str(model_path) if model_path is not None else None)
 
 
@@ -228,16 +224,12 @@ def _save_model(trainer, cfg, summary: dict, folder, logger):
 
     if folder is None and logger is None:
         return None
-    content = saving.model_file(trainer, cfg, summary)
-    if folder is not None:
-        saving.write_atomic(content, folder / saving.MODEL)
+    with tempfile.TemporaryDirectory() as d:  # the folder's file, else one only for the MLflow run
+        path = (folder or Path(d)) / saving.MODEL
+        saving.write_atomic(saving.model_file(trainer, cfg, summary), path)
         if logger is not None:
-            logger.client.log_artifact(logger.run_id, str(folder / saving.MODEL))
-        return folder / saving.MODEL
-    with tempfile.TemporaryDirectory() as d:
-        saving.write_atomic(content, Path(d) / saving.MODEL)
-        logger.client.log_artifact(logger.run_id, str(Path(d) / saving.MODEL))
-    return None
+            logger.client.log_artifact(logger.run_id, str(path))
+    return path if folder is not None else None
 
 
 def _users_error(cfg, trainer, e: BaseException) -> ConfigError | None:

@@ -79,8 +79,10 @@ def _read_checkpoint(last: Path) -> dict:
     try:
         saved = torch.load(last, map_location="cpu", weights_only=False)
     except Exception as e:  # noqa: BLE001 -- a truncated or foreign file: one line naming it
+        from triaccel.tracking import first_line
+
         raise ConfigError(f"--resume: {last} cannot be read as a checkpoint ({type(e).__name__}: "
-                          f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
+                          f"{first_line(e)})") from None
     if not isinstance(saved, dict) or not {"trainer", "config"} <= saved.keys():
         raise ConfigError(f"--resume: {last} is not a checkpoint of triaccel train --save")
     return saved

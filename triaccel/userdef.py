@@ -197,20 +197,18 @@ def carve_val(x: torch.Tensor, y: torch.Tensor, fraction: float, seed: int) -> t
     the windows before it that share a position with it (inputs or shifted targets) are left out."""
     from triaccel.data import stratified_split
 
-    if y.dim() == 1:
-        keep, held = stratified_split(y, fraction, seed)
-        return (x[keep], y[keep]), (x[held], y[held])
     n = len(y)
     n_held = min(max(int(round(fraction * n)), 1), n - 1)
-    stride = window_stride(x)
-    if stride is None:
+    stride = window_stride(x) if y.dim() > 1 else None
+    if y.dim() == 1:
+        keep, held = stratified_split(y, fraction, seed)
+    elif stride is None:
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
         held, keep = perm[:n_held].sort().values, perm[n_held:].sort().values
-        return (x[keep], y[keep]), (x[held], y[held])
-    # window i spans positions [i*s, i*s + T] with its shifted targets: i and j share none once (j - i)*s > T
-    gap = x.shape[1] // stride
-    cut = n - n_held
-    return (x[:max(cut - gap, 0)], y[:max(cut - gap, 0)]), (x[cut:], y[cut:])
+    else:  # window i spans positions [i*s, i*s + T] with its shifted targets: i and j share none once (j - i)*s > T
+        cut = n - n_held
+        held, keep = torch.arange(cut, n), torch.arange(max(cut - x.shape[1] // stride, 0))
+    return (x[keep], y[keep]), (x[held], y[held])
 
 
 def load_user_splits(dc, fingerprint: bool = False) -> UserSplits:
